@@ -1,0 +1,33 @@
+"""Built-in kernel providers: AITER (ROCm gfx950), Triton (CUDA, ROCm), torch (anywhere).
+
+Each provider module is importable without its library; availability is a runtime answer
+of `not_supported_reasons`, never an import error.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from ..hookspecs import PROJECT_NAME
+from .base import ConfigInputs, Kernel, KernelInfo, PrefillInputs, ReduceInputs
+
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookimpl
+def mla_plugins_kernels() -> list[Kernel]:
+    from .aiter_kernel import AiterKernel
+    from .torch_kernel import TorchKernel
+
+    kernels = [AiterKernel(), TorchKernel()]
+    try:  # TEMPORARY until the Triton provider lands
+        from .triton_kernel import TritonKernel
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.triton_kernel":
+            raise
+    else:
+        kernels.insert(1, TritonKernel())
+    return kernels
+
+
+__all__ = ["ConfigInputs", "Kernel", "KernelInfo", "PrefillInputs", "ReduceInputs", "hookimpl"]

@@ -199,6 +199,48 @@ class Kernel:
         """Keyword arguments for `plan_prefill` when the caller passed no plan."""
         return {}
 
+    def run(
+        self,
+        inputs: PrefillInputs,
+        plan: PrefillPlan | None,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+    ) -> None:
+        """The whole prefill: plan (unless given), phase 1, then the reduce of split tiles.
+
+        A kernel with its own scheduler (AITER) overrides this; the others implement
+        `prefill` and `reduce` on the core's plan.
+        """
+        from ..plan import plan_prefill
+
+        if plan is None:
+            plan = plan_prefill(
+                inputs.cu_seqlens_q,
+                inputs.cu_seqlens_k,
+                num_heads=inputs.num_heads,
+                causal=inputs.causal,
+                **self.plan_params(inputs),
+            )
+        rows = plan.partial_rows()
+        heads, dv = inputs.num_heads, inputs.head_dim_v
+        partial_out = torch.empty((rows, heads, dv), dtype=torch.float32, device=inputs.device)
+        partial_lse = torch.empty((rows, heads), dtype=torch.float32, device=inputs.device)
+        self.prefill(inputs, plan, out, lse, partial_out, partial_lse)
+        if plan.num_partial_tiles:
+            self.reduce(
+                ReduceInputs(
+                    partial_out=partial_out,
+                    partial_lse=partial_lse,
+                    reduce_indptr=plan.reduce_indptr,
+                    reduce_final_map=plan.reduce_final_map,
+                    reduce_partial_map=plan.reduce_partial_map,
+                    tile_q=plan.tile_q,
+                    num_kv_splits=0,
+                    out=out,
+                    final_lse=lse,
+                )
+            )
+
     def prefill(
         self,
         inputs: PrefillInputs,

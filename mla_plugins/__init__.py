@@ -1,0 +1,50 @@
+"""mla-plugins: one shared, fast, version-proof FP8 MLA prefill for vLLM and SGLang.
+
+The public API lives here; the framework adapters (`mla_plugins.vllm`,
+`mla_plugins.sglang`) use nothing else. Importing this package imports no framework.
+"""
+
+from .core import (
+    AiterStatus,
+    Kernel,
+    KernelInfo,
+    KernelNotSupportedError,
+    PrefillInputs,
+    PrefillPlan,
+    ReduceInputs,
+    aiter_mla_reduce_v1,
+    available_kernels,
+    fp8_requested,
+    hookimpl,
+    mla_prefill,
+    mla_reduce,
+    plan_prefill,
+    probe_aiter,
+    shim_enabled,
+    trace_context,
+    unsupported_reasons,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AiterStatus",
+    "Kernel",
+    "KernelInfo",
+    "KernelNotSupportedError",
+    "PrefillInputs",
+    "PrefillPlan",
+    "ReduceInputs",
+    "__version__",
+    "aiter_mla_reduce_v1",
+    "available_kernels",
+    "fp8_requested",
+    "hookimpl",
+    "mla_prefill",
+    "mla_reduce",
+    "plan_prefill",
+    "probe_aiter",
+    "shim_enabled",
+    "trace_context",
+    "unsupported_reasons",
+]

@@ -1,0 +1,32 @@
+"""Framework-free core: plan, kernels, reduce, AITER binding, kernel registry."""
+
+from .aiter import AiterStatus, aiter_mla_reduce_v1, probe_aiter
+from .api import available_kernels, mla_prefill, mla_reduce, unsupported_reasons
+from .kernels import hookimpl
+from .kernels.base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
+from .plan import PrefillPlan, plan_prefill
+from .registry import KernelNotSupportedError, get_registry
+from .settings import fp8_requested, shim_enabled
+from .trace import trace_context
+
+__all__ = [
+    "AiterStatus",
+    "Kernel",
+    "KernelInfo",
+    "KernelNotSupportedError",
+    "PrefillInputs",
+    "PrefillPlan",
+    "ReduceInputs",
+    "aiter_mla_reduce_v1",
+    "available_kernels",
+    "fp8_requested",
+    "get_registry",
+    "hookimpl",
+    "mla_prefill",
+    "mla_reduce",
+    "plan_prefill",
+    "probe_aiter",
+    "shim_enabled",
+    "trace_context",
+    "unsupported_reasons",
+]

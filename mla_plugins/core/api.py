@@ -1,0 +1,247 @@
+"""The public entry points: `mla_prefill`, `mla_reduce`, `available_kernels`, `unsupported_reasons`."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .device import fp8_dtype_for
+from .kernels.base import ConfigInputs, KernelInfo, PrefillInputs, ReduceInputs
+from .plan import PrefillPlan, plan_prefill
+from .registry import get_registry
+from .trace import record_prefill
+from .validation import (
+    FLOAT_DTYPES,
+    check_cu_seqlens,
+    check_nonnegative_int,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+)
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    # Kernels index tokens and heads by stride but want the feature dim dense.
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8) -> PrefillInputs:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=3)
+        if t.dtype not in FLOAT_DTYPES:
+            hint = " (pass bf16/fp16; fp8=True quantizes inside the kernel)" if t.dtype.is_floating_point else ""
+            raise TypeError(f"{name}: found dtype {t.dtype}, expected torch.bfloat16 or torch.float16{hint}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"k, v: found dtypes {k.dtype}, {v.dtype}, expected {q.dtype} like q")
+    check_same_device("q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"k, v: found {k.shape[1]} and {v.shape[1]} heads, expected {q.shape[1]} like q "
+            "(MLA prefill is MHA over the decompressed keys: one key/value head per query head)"
+        )
+    if q.shape[1] < 1:
+        raise ValueError("q: found 0 heads, expected at least 1")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"k: found head dim {k.shape[2]}, expected {q.shape[2]} like q ([total_k, H, Dqk])")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"v: found {v.shape[0]} tokens, expected {k.shape[0]} like k ([total_k, H, Dv])")
+    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if cq[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens_q: found total {cq[-1]}, expected {q.shape[0]} (q.shape[0])")
+    if ck[-1] != k.shape[0]:
+        raise ValueError(f"cu_seqlens_k: found total {ck[-1]}, expected {k.shape[0]} (k.shape[0])")
+    if softmax_scale is None:
+        softmax_scale = q.shape[2] ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale: found {type(softmax_scale).__name__}, expected a float or None")
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale: found {softmax_scale}, expected a finite float > 0")
+    for name, flag in (("causal", causal), ("fp8", fp8)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
+    lens_q = [b - a for a, b in zip(cq, cq[1:])]
+    lens_k = [b - a for a, b in zip(ck, ck[1:])]
+    return PrefillInputs(
+        q=_unit_stride(q),
+        k=_unit_stride(k),
+        v=_unit_stride(v),
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        softmax_scale=float(softmax_scale),
+        causal=causal,
+        fp8=fp8,
+        fp8_dtype=fp8_dtype_for(q.device),
+        max_seqlen_q=max(lens_q, default=0),
+        max_seqlen_k=max(lens_k, default=0),
+    )
+
+
+def _check_plan(plan, inputs: PrefillInputs) -> None:
+    if not isinstance(plan, PrefillPlan):
+        raise TypeError(f"plan: found {type(plan).__name__}, expected a PrefillPlan from plan_prefill()")
+    found = (plan.total_q, plan.total_k, plan.num_heads, plan.causal)
+    expected = (inputs.q.shape[0], inputs.k.shape[0], inputs.num_heads, inputs.causal)
+    if found != expected:
+        raise ValueError(
+            f"plan: found (total_q, total_k, num_heads, causal) = {found}, expected {expected}; "
+            "build it with plan_prefill() from these cu_seqlens, num_heads and causal"
+        )
+    if plan.work_info.device != inputs.device:
+        raise ValueError(f"plan: found tensors on {plan.work_info.device}, expected {inputs.device}")
+
+
+def mla_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    fp8: bool = True,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    plan: PrefillPlan | None = None,
+    kernel: str = "auto",
+):
+    """Varlen MLA prefill attention (MHA form), split-KV planned and LSE-reduced.
+
+    q: [total_q, H, Dqk], k: [total_k, H, Dqk], v: [total_k, H, Dv], bf16 or fp16.
+    cu_seqlens_q, cu_seqlens_k: int32 [B+1] on q's device.
+    Causal masking is bottom-right aligned: row i of a sequence with q_len rows and k_len
+    keys sees keys j <= i + (k_len - q_len) (a cached prefix of k_len - q_len tokens).
+    fp8=True quantizes q, k, v with dynamic per-tensor scales and computes in fp8.
+    Returns out [total_q, H, Dv] in q's dtype, or (out, lse) with lse float32 [total_q, H]
+    (natural log) for every row when return_lse=True. Rows that see no key: 0 and -inf.
+    """
+    inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8)
+    out_shape = (q.shape[0], q.shape[1], v.shape[2])
+    if out is not None:
+        check_tensor("out", out, ndim=3)
+        if tuple(out.shape) != out_shape or out.dtype != q.dtype:
+            raise ValueError(
+                f"out: found {tuple(out.shape)} {out.dtype}, expected {out_shape} {q.dtype} "
+                "([total_q, H, Dv] in q's dtype)"
+            )
+        check_same_device("q", q, out=out)
+        if out.stride(-1) != 1:
+            raise ValueError(f"out: found strides {out.stride()}, expected a unit stride in the last dim")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: found {type(return_lse).__name__}, expected bool")
+    if plan is not None:
+        _check_plan(plan, inputs)
+    chosen = get_registry().select(inputs, kernel)
+    if out is None:
+        out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+    chosen.run(inputs, plan, out, lse)
+    record_prefill(
+        kernel=chosen.name, fp8=fp8, q_tokens=q.shape[0], k_tokens=k.shape[0], heads=q.shape[1]
+    )
+    return (out, lse) if return_lse else out
+
+
+def mla_reduce(
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+    reduce_indptr: torch.Tensor,
+    reduce_final_map: torch.Tensor | None,
+    reduce_partial_map: torch.Tensor,
+    tile_q: int,
+    num_kv_splits: int,
+    out: torch.Tensor,
+    final_lse: torch.Tensor | None = None,
+    *,
+    kernel: str = "auto",
+) -> None:
+    """Merge split-KV pieces by log-sum-exp, in place (AITER's post-#3391 argument order).
+
+    partial_out: fp32 [P, H, Dv], partial_lse: fp32 [P, H], reduce_indptr: int32 [T+1],
+    reduce_final_map: int32 [T, 2] (q_start, q_end) or None, reduce_partial_map: int32 [n]
+    (first partial row of each piece), out: [total_q, H, Dv] bf16/fp16, final_lse: fp32
+    [total_q, H] or None. num_kv_splits >= 0 bounds the pieces per tile (0 = kernel default).
+    """
+    check_tensor("partial_out", partial_out, ndim=3, dtypes=(torch.float32,))
+    check_tensor("partial_lse", partial_lse, ndim=2, dtypes=(torch.float32,))
+    check_tensor("reduce_indptr", reduce_indptr, ndim=1, dtypes=(torch.int32,))
+    if reduce_final_map is not None:
+        check_tensor("reduce_final_map", reduce_final_map, ndim=2, dtypes=(torch.int32,))
+    check_tensor("reduce_partial_map", reduce_partial_map, ndim=1, dtypes=(torch.int32,))
+    check_tensor("out", out, ndim=3, dtypes=FLOAT_DTYPES)
+    if final_lse is not None:
+        check_tensor("final_lse", final_lse, ndim=2, dtypes=(torch.float32,))
+    check_positive_int("tile_q", tile_q)
+    check_nonnegative_int("num_kv_splits", num_kv_splits)
+    check_same_device(
+        "out", out, partial_out=partial_out, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
+        reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map, final_lse=final_lse,
+    )
+    heads, dv = out.shape[1], out.shape[2]
+    if tuple(partial_out.shape[1:]) != (heads, dv):
+        raise ValueError(
+            f"partial_out: found {tuple(partial_out.shape)}, expected [P, {heads}, {dv}] "
+            "(heads and value dim of out)"
+        )
+    if tuple(partial_lse.shape) != tuple(partial_out.shape[:2]):
+        raise ValueError(
+            f"partial_lse: found {tuple(partial_lse.shape)}, expected {tuple(partial_out.shape[:2])} "
+            "([P, H] like partial_out)"
+        )
+    if reduce_indptr.numel() < 1:
+        raise ValueError("reduce_indptr: found an empty tensor, expected [T+1] offsets")
+    if reduce_final_map is not None and (
+        reduce_final_map.shape[1] != 2 or reduce_final_map.shape[0] < reduce_indptr.numel() - 1
+    ):
+        raise ValueError(
+            f"reduce_final_map: found {tuple(reduce_final_map.shape)}, expected "
+            f"[{reduce_indptr.numel() - 1}, 2] (q_start, q_end per tile of reduce_indptr)"
+        )
+    if final_lse is not None and tuple(final_lse.shape) != tuple(out.shape[:2]):
+        raise ValueError(f"final_lse: found {tuple(final_lse.shape)}, expected {tuple(out.shape[:2])}")
+    if out.stride(-1) != 1:
+        raise ValueError(f"out: found strides {out.stride()}, expected a unit stride in the last dim")
+    if reduce_final_map is not None and reduce_final_map.shape[0] > reduce_indptr.numel() - 1:
+        reduce_final_map = reduce_final_map[: reduce_indptr.numel() - 1]
+    inputs = ReduceInputs(
+        partial_out=partial_out.contiguous(),
+        partial_lse=partial_lse.contiguous(),
+        reduce_indptr=reduce_indptr,
+        reduce_final_map=reduce_final_map,
+        reduce_partial_map=reduce_partial_map,
+        tile_q=tile_q,
+        num_kv_splits=num_kv_splits,
+        out=out,
+        final_lse=final_lse,
+    )
+    get_registry().select(inputs, kernel).reduce(inputs)
+
+
+def available_kernels(device: torch.device | str | None = None) -> list[KernelInfo]:
+    """Every registered kernel, whether it can run on `device` (default: cuda if present) and why not."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return get_registry().infos(torch.device(device))
+
+
+def unsupported_reasons(
+    *,
+    num_heads: int,
+    qk_head_dim: int,
+    v_head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    fp8: bool,
+    kernel: str = "auto",
+) -> list[str]:
+    """[] when some kernel (or the named one) can run this configuration, else every reason."""
+    inputs = ConfigInputs(num_heads, qk_head_dim, v_head_dim, dtype, torch.device(device), fp8)
+    registry = get_registry()
+    if kernel != "auto":
+        return [f"{kernel}: {r}" for r in registry.get(kernel).not_supported_reasons(inputs)]
+    rejections = registry.rejections(inputs)
+    if any(not r for r in rejections.values()):
+        return []
+    return [f"{name}: {r}" for name, reasons in rejections.items() for r in reasons]

@@ -1,0 +1,59 @@
+"""MLA_PLUGINS_TRACE: one JSON line per prefill call, from whichever process ran it.
+
+Adapters wrap their calls in `trace_context(framework, entry)`; `mla_prefill` records
+the kernel it actually ran. Lines are appended with one O_APPEND write each, so the
+processes of a multi-process engine can share one file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+
+from .settings import trace_path
+
+logger = logging.getLogger("mla_plugins.trace")
+
+_context: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "mla_plugins_trace", default=None
+)
+
+
+@contextlib.contextmanager
+def trace_context(framework: str, entry: str):
+    """Label the mla_prefill calls made inside the block, e.g. ("vllm", "new_tokens")."""
+    token = _context.set((framework, entry))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def record_prefill(*, kernel: str, fp8: bool, q_tokens: int, k_tokens: int, heads: int) -> None:
+    path = trace_path()
+    if path is None:
+        return
+    framework, entry = _context.get() or ("direct", "mla_prefill")
+    line = json.dumps(
+        {
+            "framework": framework,
+            "entry": entry,
+            "kernel": kernel,
+            "fp8": fp8,
+            "q_tokens": q_tokens,
+            "k_tokens": k_tokens,
+            "heads": heads,
+            "pid": os.getpid(),
+        }
+    )
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:  # tracing must never break a prefill
+        logger.warning("MLA_PLUGINS_TRACE=%s: cannot append (%s)", path, exc)
