@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import gcn_arch
+from .device import default_num_workers, gcn_arch
 
 try:
     import importlib_metadata
@@ -256,9 +256,6 @@ def normalize_reduce_args(args: tuple, kwargs: dict) -> dict:
     return bound
 
 
-def _compute_units(tensor: torch.Tensor) -> int:
-    index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def aiter_mla_reduce_v1(*args, **kwargs) -> None:
@@ -282,7 +279,7 @@ def aiter_mla_reduce_v1(*args, **kwargs) -> None:
         return
     splits = bound["num_kv_splits"]
     if splits:
-        units = _compute_units(bound["final_output"])
+        units = default_num_workers(bound["final_output"].device)  # the CU count on ROCm
         if splits > units:
             raise ValueError(
                 f"num_kv_splits: found {splits}, but the installed AITER's mla_reduce_v1 predates "
