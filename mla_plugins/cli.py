@@ -78,7 +78,9 @@ def check(args: argparse.Namespace, console: Console) -> int:
             rejected.add_row(info.name, "all", "; ".join(info.reasons))
             continue
         for mode in ("fp8", "bf16"):
-            run = lambda: mla_prefill(q, k, v, cu_q, cu_k, fp8=mode == "fp8", return_lse=True, kernel=info.name)
+            def run(fp8=mode == "fp8", name=info.name):
+                return mla_prefill(q, k, v, cu_q, cu_k, fp8=fp8, return_lse=True, kernel=name)
+
             try:
                 (out, lse), elapsed = _timed(run, device)
             except KernelNotSupportedError as exc:

@@ -239,7 +239,7 @@ def normalize_reduce_args(args: tuple, kwargs: dict) -> dict:
                             "expected an int num_kv_splits there")
     else:
         names = NUM_KV_SPLITS_ARGS
-    bound = dict(zip(names, args))
+    bound = dict(zip(names, args, strict=False))  # fewer args than names: rest by keyword
     for key, value in kwargs.items():
         if key not in NUM_KV_SPLITS_ARGS:
             raise TypeError(f"mla_reduce_v1: unexpected keyword argument {key!r}")

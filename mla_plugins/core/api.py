@@ -8,7 +8,7 @@ import torch
 
 from .device import fp8_dtype_for
 from .kernels.base import ConfigInputs, KernelInfo, PrefillInputs, ReduceInputs
-from .plan import PrefillPlan, plan_prefill
+from .plan import PrefillPlan
 from .registry import get_registry
 from .trace import record_prefill
 from .validation import (
@@ -61,8 +61,8 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
     for name, flag in (("causal", causal), ("fp8", fp8)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
-    lens_q = [b - a for a, b in zip(cq, cq[1:])]
-    lens_k = [b - a for a, b in zip(ck, ck[1:])]
+    lens_q = [b - a for a, b in zip(cq, cq[1:], strict=False)]
+    lens_k = [b - a for a, b in zip(ck, ck[1:], strict=False)]
     return PrefillInputs(
         q=_unit_stride(q),
         k=_unit_stride(k),

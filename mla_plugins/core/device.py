@@ -20,7 +20,7 @@ def device_kind(device: torch.device | str) -> str:
     return device.type
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gcn_arch(index: int = 0) -> str | None:
     """The gfx name of a ROCm device ('gfx942', 'gfx950'), or None off ROCm."""
     if not torch.version.hip or not torch.cuda.is_available():
@@ -49,7 +49,7 @@ def fp8_dtype_for(device: torch.device | str) -> torch.dtype:
     return torch.float8_e4m3fn
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

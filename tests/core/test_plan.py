@@ -44,7 +44,7 @@ def check_plan(plan, lens_q, lens_k, heads, causal):
         eff = visible_keys(lens_q[b], lens_k[b], q1 - cq[b], causal)
         spans = sorted((kv0, kv1) for kv0, kv1, _ in pieces)
         assert spans[0][0] == ck[b] and spans[-1][1] == ck[b] + eff
-        for (_, end), (start, _) in zip(spans, spans[1:]):
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert end == start, "pieces must tile the visible keys exactly once"
         locs = [loc for *_, loc in pieces]
         if len(pieces) == 1:

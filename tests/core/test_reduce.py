@@ -21,7 +21,7 @@ def random_groups(gen, heads, dv, tile_q, *, n_tiles, total_q, neg_inf_frac=0.2,
     partial_lse = torch.randn(P, heads, generator=gen) * 3
     partial_lse[torch.rand(P, heads, generator=gen) < neg_inf_frac] = float("-inf")
     indptr, fmap, pmap = [0], [], []
-    for t, (s, c) in enumerate(zip(starts, counts)):
+    for t, (s, c) in enumerate(zip(starts, counts, strict=True)):
         rows = tile_q if t % 2 == 0 or not final_map else tile_q - 17  # short last tiles too
         fmap.append([s * tile_q, s * tile_q + rows])
         pmap.extend(slot * tile_q for slot in slots[indptr[-1] : indptr[-1] + c])
@@ -45,10 +45,10 @@ def formula(partial_out, partial_lse, indptr, fmap, pmap, total_q, heads, dv):
         q0, q1 = fmap[t].tolist()
         for r in range(q0, q1):
             rows = [int(pmap[j]) + r - q0 for j in range(s0, s1)]
-            l = partial_lse[rows].double()  # [n, H]
+            lse_j = partial_lse[rows].double()  # [n, H]
             o = partial_out[rows].double()  # [n, H, Dv]
-            final = torch.logsumexp(l, dim=0)
-            w = torch.where(torch.isfinite(final), torch.exp(l - final), 0.0)
+            final = torch.logsumexp(lse_j, dim=0)
+            w = torch.where(torch.isfinite(final), torch.exp(lse_j - final), 0.0)
             out[r] = (w[..., None] * o).sum(0)
             lse[r] = final
     return out, lse
