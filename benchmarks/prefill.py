@@ -1,0 +1,437 @@
+"""MLA prefill on the GPU: ours (Triton fp8 / bf16) against torch SDPA peers, in one process.
+
+    PYTHONPATH=. python benchmarks/prefill.py [--out benchmarks/results/h200.json] [--sweep]
+
+For each shape: TFLOP/s of ours in fp8 (end to end from bf16 inputs, and the attention
+alone on pre-quantized inputs), ours in bf16, torch SDPA with the cuDNN backend (bf16)
+and with the flash backend (value padded to 192); ratios to cuDNN; the FP8 GEMM ceiling
+(torch._scaled_mm) and the copy-bandwidth ceiling; the reduce alone in TB/s; planning
+time for 1, 64 and 256 sequences; relative error of each against float64 on a sample.
+
+FLOPs count 2 * H * (Dqk + Dv) per visible (query, key) pair (causal work is about half).
+Timing: CUDA events (triton.testing.do_bench: L2 flushed before each run), median of
+many runs after warm-up, random inputs. Plans are built once per shape, outside the
+timed region, as frameworks build them once per forward and reuse them across layers.
+
+`--sweep` times phase 1 for a list of tile configurations instead (the measurements
+behind the defaults in `mla_plugins/core/kernels/triton_kernel.py`, see NOTES.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict
+
+import torch
+
+DQK, DV = 192, 128
+SHAPES = [
+    # name, q lens, k lens, heads
+    ("B1-S8192-H128", [8192], [8192], 128),
+    ("B4-S4096-H16", [4096] * 4, [4096] * 4, 16),
+    ("B1-S16384-H16", [16384], [16384], 16),
+    ("B8-S2048-H128", [2048] * 8, [2048] * 8, 128),
+    ("varlen-H128", [3000, 1500, 800, 4096, 200, 2500], [3000, 1500, 800, 4096, 200, 2500], 128),
+    ("chunked-H128", [1024] * 4, [4096, 6000, 2048, 1024], 128),
+]
+
+
+def visible_pairs(lens_q, lens_k, causal=True):
+    """(query, key) pairs that attend: row i of a sequence sees min(k, max(0, i + k - q + 1)) keys."""
+    total = 0
+    for q, k in zip(lens_q, lens_k, strict=True):
+        total += q * k if not causal else sum(min(k, max(0, i + k - q + 1)) for i in range(q))
+    return total
+
+
+def flops(lens_q, lens_k, heads, causal=True):
+    return 2 * heads * (DQK + DV) * visible_pairs(lens_q, lens_k, causal)
+
+
+def bench(fn, warmup=25, rep=200):
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def make_batch(lens_q, lens_k, heads, device, seed=0):
+    from tests.core.helpers import random_batch
+
+    return random_batch(lens_q, lens_k, heads, seed=seed, device=device)
+
+
+def fp8_gemm_ceiling(device):
+    n = 8192
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=device)
+    fn = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    ms = bench(fn)
+    return 2 * n**3 / ms / 1e9
+
+
+def bf16_gemm_ceiling(device):
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = bench(lambda: a @ b)
+    return 2 * n**3 / ms / 1e9
+
+
+def copy_ceiling(device):
+    x = torch.randn(512 * 1024 * 1024, device=device)  # 2 GiB
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x), warmup=5, rep=50)
+    return 2 * x.numel() * 4 / ms / 1e9  # TB/s, read + write
+
+
+def sdpa_peer(q, k, v, cq, heads, backend, causal=True):
+    """A closure running SDPA on [B, H, S, D] views (uniform batches) or per sequence."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import pad, scaled_dot_product_attention
+
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    bounds = cq.tolist()
+    lens = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    if backend == "flash":
+        v = pad(v, (0, DQK - DV))
+    if len(set(lens)) == 1:
+        b, s = len(lens), lens[0]
+        qs = q.view(b, s, heads, DQK).transpose(1, 2)
+        ks = k.view(b, s, heads, DQK).transpose(1, 2)
+        vs = v.view(b, s, heads, v.shape[-1]).transpose(1, 2)
+        parts = [(qs, ks, vs)]
+    else:
+        parts = []
+        for a, e in zip(bounds, bounds[1:], strict=False):
+            parts.append(tuple(t[a:e].transpose(0, 1).unsqueeze(0) for t in (q, k, v)))
+
+    def run():
+        outs = []
+        with sdpa_kernel(be):
+            for qs, ks, vs in parts:
+                outs.append(scaled_dot_product_attention(qs, ks, vs, is_causal=causal))
+        return outs
+
+    def to_packed(outs):
+        if len(parts) == 1 and len(lens) > 1:
+            o = outs[0].transpose(1, 2).reshape(-1, heads, outs[0].shape[-1])
+        else:
+            o = torch.cat([x.squeeze(0).transpose(0, 1) for x in outs])
+        return o[..., :DV]
+
+    return run, to_packed
+
+
+def time_ours(q, k, v, cq, ck, heads, fp8, plan, config=None):
+    """(ms end to end, ms attention alone or None) for one shape."""
+    from mla_plugins.core.api import _prefill_inputs
+    from mla_plugins.core.kernels import triton_quant as tq
+    from mla_plugins.core.kernels.triton_kernel import TritonKernel, run_prefill
+
+    inputs = _prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+    out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=q.device)
+    po = torch.empty(plan.partial_rows(), heads, DV, device=q.device)
+    pl = torch.empty(plan.partial_rows(), heads, device=q.device)
+    kernel = TritonKernel()
+
+    def e2e():
+        run_prefill(inputs, plan, out, None, po, pl, config=config)
+        if plan.num_partial_tiles:
+            from mla_plugins.core.kernels.triton_reduce import reduce
+
+            reduce(po, pl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                   plan.tile_q, out, None)
+
+    ms_e2e = bench(e2e)
+    ms_attn = None
+    if fp8:
+        amax = tq.amax_qkv(q, k, v)
+        k8, vt8 = tq.cast_kv(k, v, amax, inputs.fp8_dtype)
+        quant = (amax, k8, vt8)
+        ms_attn = bench(lambda: run_prefill(inputs, plan, out, None, po, pl, config=config, quantized=quant))
+    del kernel
+    return ms_e2e, ms_attn
+
+
+def _warm_one(args):
+    """Compile one (fp8, config) in a worker process (fills the shared Triton cache)."""
+    fp8, cfg = args
+    try:
+        sys.path.insert(0, os.getcwd())
+        from mla_plugins.core.kernels.triton_kernel import TileConfig
+        from mla_plugins.core.plan import plan_prefill
+
+        config = TileConfig(**cfg)
+        q, k, v, cq, ck = make_batch([300], [300], 16, "cuda", seed=1)
+        plan = plan_prefill(cq, ck, num_heads=16, causal=True, tile_q=config.block_m, num_workers=1)
+        time_small(q, k, v, cq, ck, 16, fp8, plan, config)
+        return None
+    except Exception as exc:  # reported by the parent
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def time_small(q, k, v, cq, ck, heads, fp8, plan, config):
+    from mla_plugins.core.api import _prefill_inputs
+    from mla_plugins.core.kernels.triton_kernel import run_prefill
+
+    inputs = _prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+    out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=q.device)
+    po = torch.empty(max(plan.partial_rows(), 1), heads, DV, device=q.device)
+    pl = torch.empty(max(plan.partial_rows(), 1), heads, device=q.device)
+    run_prefill(inputs, plan, out, None, po, pl, config=config)
+    torch.cuda.synchronize()
+
+
+def precompile(jobs, workers=8):
+    ctx = mp.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(_warm_one, jobs))
+
+
+def sweep(args):
+    from mla_plugins.core.kernels.triton_kernel import TileConfig
+    from mla_plugins.core.plan import plan_prefill
+
+    device = torch.device("cuda")
+    configs = []
+    for fp8 in (True, False):
+        for bm, bn, w, s, tma, ws in [
+            (128, 128, 8, 3, True, False),
+            (128, 128, 8, 2, True, False),
+            (128, 64, 8, 3, True, False),
+            (128, 64, 8, 4, True, False),
+            (128, 128, 8, 3, False, False),
+            (128, 64, 4, 3, True, False),
+            (64, 128, 4, 3, True, False),
+            (64, 64, 4, 4, True, False),
+            (128, 128, 8, 3, True, True),
+            (128, 128, 8, 2, True, True),
+            (128, 64, 8, 3, True, True),
+        ]:
+            configs.append((fp8, asdict(TileConfig(bm, bn, w, s, tma, ws))))
+    t0 = time.time()
+    errs = precompile(configs)
+    print(f"precompiled {len(configs)} variants in {time.time() - t0:.0f}s", flush=True)
+    results = []
+    shapes = [s for s in SHAPES if s[0] in ("B1-S8192-H128", "B4-S4096-H16")]
+    for name, lq, lk, heads in shapes:
+        q, k, v, cq, ck = make_batch(lq, lk, heads, device)
+        fl = flops(lq, lk, heads)
+        for (fp8, cfg), err in zip(configs, errs, strict=True):
+            row = {"shape": name, "fp8": fp8, **cfg}
+            if err:
+                row["error"] = err
+            else:
+                try:
+                    config = TileConfig(**cfg)
+                    plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=config.block_m,
+                                        num_workers=1)
+                    e2e, attn = time_ours(q, k, v, cq, ck, heads, fp8, plan, config)
+                    row.update(ms_e2e=e2e, tflops_e2e=fl / e2e / 1e9,
+                               ms_attn=attn, tflops_attn=(fl / attn / 1e9) if attn else None)
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"sweep": results, "env": environment()}, f, indent=1)
+
+
+def environment():
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+        "triton": triton.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+    }
+
+
+def reduce_bandwidth(device):
+    """The reduce alone on synthetic split tiles: 512 tiles x 4 pieces, tile_q 128, H 16."""
+    from mla_plugins.core.kernels.triton_reduce import reduce
+
+    tiles, pieces, tile_q, heads = 512, 4, 128, 16
+    n = tiles * pieces
+    po = torch.randn(n * tile_q, heads, DV, device=device)
+    pl = torch.randn(n * tile_q, heads, device=device)
+    indptr = torch.arange(0, n + 1, pieces, dtype=torch.int32, device=device)
+    fmap = torch.stack([torch.arange(tiles) * tile_q, torch.arange(1, tiles + 1) * tile_q], 1)
+    fmap = fmap.to(device, torch.int32)
+    pmap = (torch.randperm(n) * tile_q).to(device, torch.int32)
+    out = torch.empty(tiles * tile_q, heads, DV, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(tiles * tile_q, heads, device=device)
+    fn = lambda: reduce(po, pl, indptr, fmap, pmap, tile_q, out, lse)
+    ms = bench(fn)
+    moved = po.numel() * 4 + pl.numel() * 4 + out.numel() * 2 + lse.numel() * 4
+    return {"ms": ms, "bytes": moved, "tb_s": moved / ms / 1e9,
+            "shape": f"{tiles} tiles x {pieces} pieces, tile_q {tile_q}, H {heads}, Dv {DV}"}
+
+
+def planning_times(device):
+    import mla_plugins
+    from mla_plugins.core.kernels.triton_kernel import split_workers
+
+    rows = []
+    for nseq, length in ((1, 8192), (64, 2048), (256, 512)):
+        lens = [length] * nseq
+        cq = torch.tensor([0] + [length * (i + 1) for i in range(nseq)], dtype=torch.int32, device=device)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        workers = split_workers(lens, lens, 128, 128, sms)
+        for label, kw in (("ours (tile 128)", {"tile_q": 128, "num_workers": workers}),
+                          ("AITER-style (tile 256, one worker per SM)", {"tile_q": 256})):
+            mla_plugins.plan_prefill(cq, cq, num_heads=128, **kw)  # warm
+            ts = []
+            for _ in range(20):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                mla_plugins.plan_prefill(cq, cq, num_heads=128, **kw)
+                torch.cuda.synchronize()
+                ts.append((time.perf_counter() - t) * 1e3)
+            rows.append({"sequences": nseq, "len": length, "plan": label, "ms": statistics.median(ts)})
+    return rows
+
+
+def accuracy_sample(device):
+    """Relative error vs float64 of every implementation on one random varlen batch."""
+    import mla_plugins
+    from tests.gpu.conftest import reference_on_device, rel_err
+
+    lq = lk = [1024, 777, 300]
+    heads = 16
+    q, k, v, cq, ck = make_batch(lq, lk, heads, device, seed=5)
+    ref, _ = reference_on_device(q, k, v, cq, ck)
+    errs = {}
+    for fp8 in (True, False):
+        out = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=fp8, kernel="triton")
+        errs["ours fp8" if fp8 else "ours bf16"] = rel_err(out, ref)
+    errs["torch kernel fp8"] = rel_err(mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, kernel="torch"), ref)
+    for backend in ("cudnn", "flash"):
+        try:
+            run, pack = sdpa_peer(q, k, v, cq, heads, backend)
+            errs[f"sdpa {backend} bf16"] = rel_err(pack(run()), ref)
+        except Exception as exc:
+            errs[f"sdpa {backend} bf16"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return {"shape": f"lens {lq}, H {heads}, causal", "rel_err": errs}
+
+
+def main_bench(args):
+    import mla_plugins
+    from mla_plugins.core.api import _prefill_inputs
+    from mla_plugins.core.kernels.triton_kernel import BF16_CONFIG, FP8_CONFIG, TritonKernel
+
+    device = torch.device("cuda")
+    result = {"env": environment(), "configs": {"fp8": asdict(FP8_CONFIG), "bf16": asdict(BF16_CONFIG)}}
+    t0 = time.time()
+    precompile([(True, asdict(FP8_CONFIG)), (False, asdict(BF16_CONFIG))], workers=2)
+    print(f"precompiled in {time.time() - t0:.0f}s", flush=True)
+    result["ceilings"] = {
+        "fp8_gemm_tflops": fp8_gemm_ceiling(device),
+        "bf16_gemm_tflops": bf16_gemm_ceiling(device),
+        "copy_tb_s": copy_ceiling(device),
+    }
+    print(json.dumps(result["ceilings"]), flush=True)
+    kernel = TritonKernel()
+    rows = []
+    for name, lq, lk, heads in SHAPES:
+        q, k, v, cq, ck = make_batch(lq, lk, heads, device)
+        fl = flops(lq, lk, heads)
+        row = {"shape": name, "heads": heads, "tflop": fl / 1e12}
+        for fp8 in (True, False):
+            inputs = _prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+            plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=True, **kernel.plan_params(inputs))
+            key = "fp8" if fp8 else "bf16"
+            row[f"{key}_plan"] = plan.summary()
+            e2e, attn = time_ours(q, k, v, cq, ck, heads, fp8, plan)
+            row[f"ours_{key}_ms"] = e2e
+            row[f"ours_{key}_tflops"] = fl / e2e / 1e9
+            if attn is not None:
+                row["ours_fp8_attn_ms"] = attn
+                row["ours_fp8_attn_tflops"] = fl / attn / 1e9
+        for backend in ("cudnn", "flash"):
+            try:
+                run, _ = sdpa_peer(q, k, v, cq, heads, backend)
+                ms = bench(run)
+                row[f"sdpa_{backend}_ms"] = ms
+                row[f"sdpa_{backend}_tflops"] = fl / ms / 1e9
+            except Exception as exc:
+                row[f"sdpa_{backend}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        cud = row.get("sdpa_cudnn_tflops")
+        if cud:
+            for key in ("ours_fp8_tflops", "ours_fp8_attn_tflops", "ours_bf16_tflops", "sdpa_flash_tflops"):
+                if row.get(key):
+                    row[key.replace("_tflops", "_vs_cudnn")] = row[key] / cud
+        for key in ("ours_fp8_tflops", "ours_fp8_attn_tflops"):
+            row[key.replace("_tflops", "_of_fp8_gemm")] = row[key] / result["ceilings"]["fp8_gemm_tflops"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    result["shapes"] = rows
+    red = reduce_bandwidth(device)
+    red["of_copy"] = red["tb_s"] / result["ceilings"]["copy_tb_s"]
+    result["reduce"] = red
+    result["planning"] = planning_times(device)
+    result["accuracy"] = accuracy_sample(device)
+    result["command"] = "PYTHONPATH=. python benchmarks/prefill.py " + " ".join(sys.argv[1:])
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print_table(result)
+
+
+def print_table(r):
+    c = r["ceilings"]
+    print(f"\n{r['env']['gpu']}  torch {r['env']['torch']}  triton {r['env']['triton']}  cuDNN {r['env']['cudnn']}")
+    print(f"ceilings: FP8 GEMM {c['fp8_gemm_tflops']:.0f} TFLOP/s, bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, "
+          f"copy {c['copy_tb_s']:.2f} TB/s")
+    head = ("shape", "fp8 e2e", "fp8 attn", "bf16", "cuDNN", "flash", "fp8e2e/cud", "fp8attn/cud",
+            "bf16/cud", "fp8attn/GEMM")
+    print("TFLOP/s (causal, FLOPs = 2*H*(192+128) per visible pair)")
+    print("  ".join(f"{h:>13}" for h in head))
+    f = lambda x, p=0: "-" if x is None else (f"{x:.{p}f}" if isinstance(x, float) else str(x))
+    for row in r["shapes"]:
+        vals = (row["shape"], f(row.get("ours_fp8_tflops")), f(row.get("ours_fp8_attn_tflops")),
+                f(row.get("ours_bf16_tflops")), f(row.get("sdpa_cudnn_tflops")), f(row.get("sdpa_flash_tflops")),
+                f(row.get("ours_fp8_vs_cudnn"), 2), f(row.get("ours_fp8_attn_vs_cudnn"), 2),
+                f(row.get("ours_bf16_vs_cudnn"), 2), f(row.get("ours_fp8_attn_of_fp8_gemm"), 2))
+        print("  ".join(f"{v:>13}" for v in vals))
+    red = r["reduce"]
+    print(f"reduce: {red['tb_s']:.2f} TB/s = {red['of_copy']:.0%} of copy ({red['shape']}, {red['ms']:.3f} ms)")
+    for p in r["planning"]:
+        print(f"plan {p['sequences']:>3} seqs x {p['len']}: {p['ms']:.3f} ms  [{p['plan']}]")
+    print("relative error vs float64 (" + r["accuracy"]["shape"] + "):")
+    for k, v in r["accuracy"]["rel_err"].items():
+        print(f"  {k}: {v if isinstance(v, str) else f'{v:.2e}'}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/h200.json")
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/prefill.py needs a CUDA GPU")
+    try:
+        (sweep if args.sweep else main_bench)(args)
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,208 @@
+"""Phase 1 of the Triton kernel: partial attention over the plan's work items (fp8 and bf16).
+
+One program computes one `BLOCK_M`-row slice of one work item for one head: rows
+`[m0, m0 + BLOCK_M)` of the item's query tile against its keys `[kv_start, kv_end)`.
+The 192-wide query/key head is two tensor-core products, a 128-wide "nope" dot and a
+64-wide "rope" dot accumulated into the same float32 scores; softmax runs in float32 in
+the log2 domain (`exp2`), online over `BLOCK_N`-key blocks as in FlashAttention-2.
+
+The key loop is cut in two: blocks every row of the slice fully sees (no mask, the bulk
+of the work), then the blocks on the causal diagonal / at `kv_end`, masked. A row that
+sees no key keeps `l = 0` and ends with out 0 and lse -inf; the max used for the
+exponent is 0 for such rows so nothing computes `-inf - -inf`.
+
+fp8: q is loaded in bf16/fp16 and cast in the kernel (one load per program); k, v come
+from `triton_quant.cast_kv` (v transposed). All three scales are read from the amax
+buffer on the device. P is cast to fp8 for the P @ V product with its exponent shifted
+by +8 (`P_SHIFT`, values up to 256 instead of 1), which keeps small probabilities out
+of the fp8 subnormal range at no cost (the shift cancels in out = acc / l and is taken
+off the lse).
+
+Loads of k and v use TMA tensor descriptors on Hopper (`USE_TMA`), plain pointer loads
+elsewhere (and in the interpreter).
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the provider reports "triton is not installed"
+    triton = None
+
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+if triton is not None:
+    from .triton_quant import DV_C, NOPE_C, ROPE_C, fp8_scale_from_amax
+
+    LN2_C = tl.constexpr(LN2)
+
+    @triton.jit
+    def _load_k(K, Kr, row0, head, sk_t, sk_h, kv_end, MASK_ROWS: tl.constexpr,
+                BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+        """k tile rows [row0, row0 + BLOCK_N) of one head: ([BLOCK_N, 128], [BLOCK_N, 64])."""
+        if USE_TMA:
+            kn = K.load([row0, head * (NOPE_C + ROPE_C)])
+            kr = Kr.load([row0, head * (NOPE_C + ROPE_C) + NOPE_C])
+        else:
+            n = row0 + tl.arange(0, BLOCK_N)
+            base = K + n.to(tl.int64)[:, None] * sk_t + head.to(tl.int64) * sk_h
+            if MASK_ROWS:
+                ok = (n < kv_end)[:, None]
+                kn = tl.load(base + tl.arange(0, NOPE_C)[None, :], mask=ok, other=0.0)
+                kr = tl.load(base + NOPE_C + tl.arange(0, ROPE_C)[None, :], mask=ok, other=0.0)
+            else:
+                kn = tl.load(base + tl.arange(0, NOPE_C)[None, :])
+                kr = tl.load(base + NOPE_C + tl.arange(0, ROPE_C)[None, :])
+        return kn, kr
+
+    @triton.jit
+    def _load_v(V, row0, head, sv_t, sv_h, vt_stride, kv_end, MASK_ROWS: tl.constexpr,
+                BLOCK_N: tl.constexpr, FP8: tl.constexpr, USE_TMA: tl.constexpr):
+        """v tile [BLOCK_N, 128]; in fp8 it comes from the transposed copy [H * 128, T]."""
+        if FP8:
+            if USE_TMA:
+                vt = V.load([head * DV_C, row0])
+            else:
+                n = row0 + tl.arange(0, BLOCK_N)
+                ptr = V + (head * DV_C + tl.arange(0, DV_C)).to(tl.int64)[:, None] * vt_stride + n[None, :]
+                if MASK_ROWS:
+                    vt = tl.load(ptr, mask=(n < kv_end)[None, :], other=0.0)
+                else:
+                    vt = tl.load(ptr)
+            v = tl.trans(vt)
+        else:
+            if USE_TMA:
+                v = V.load([row0, head * DV_C])
+            else:
+                n = row0 + tl.arange(0, BLOCK_N)
+                ptr = V + n.to(tl.int64)[:, None] * sv_t + head.to(tl.int64) * sv_h + tl.arange(0, DV_C)[None, :]
+                if MASK_ROWS:
+                    v = tl.load(ptr, mask=(n < kv_end)[:, None], other=0.0)
+                else:
+                    v = tl.load(ptr)
+        return v
+
+    @triton.jit
+    def _attend_blocks(
+        acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
+        lo, n_blocks, offs_m, head, kv_end, kv_offset, qk_scale,
+        sk_t, sk_h, sv_t, sv_h, vt_stride,
+        causal, MASKED: tl.constexpr, FP8: tl.constexpr, P_SHIFT: tl.constexpr,
+        BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+    ):
+        """Online softmax over `n_blocks` key blocks starting at row `lo`."""
+        p_ty = q_nope.dtype
+        for i in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
+            start = lo + i * BLOCK_N
+            kn, kr = _load_k(K, Kr, start, head, sk_t, sk_h, kv_end, MASKED, BLOCK_N, USE_TMA)
+            s = tl.dot(q_nope, tl.trans(kn))
+            s = tl.dot(q_rope, tl.trans(kr), s)
+            if MASKED:
+                cols = start + tl.arange(0, BLOCK_N)
+                visible = cols[None, :] < kv_end
+                visible = visible & ((cols[None, :] <= offs_m[:, None] + kv_offset) | (causal == 0))
+                s = tl.where(visible, s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                # rows with nothing visible yet keep m = -inf; exponentiate against 0 instead
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.math.exp2(s - (m_use - P_SHIFT)[:, None])
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                m_use = m_new
+                p = tl.math.exp2(s * qk_scale - (m_use - P_SHIFT)[:, None])
+            alpha = tl.math.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            v = _load_v(V, start, head, sv_t, sv_h, vt_stride, kv_end, MASKED, BLOCK_N, FP8, USE_TMA)
+            acc = tl.dot(p.to(p_ty), v, acc)
+            m_i = m_new
+        return acc, l_i, m_i
+
+    @triton.jit(do_not_specialize=["sl_t", "sl_h", "spl_t", "spl_h", "num_sub", "causal", "has_lse"])
+    def mla_prefill_kernel(
+        Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Amax,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride,
+        so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
+        qk_scale, num_sub, causal, has_lse,
+        FP8: tl.constexpr, FP8_MAX: tl.constexpr, KV_DTYPE: tl.constexpr, P_SHIFT: tl.constexpr,
+        USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """Grid: (num_items * num_sub, heads per cluster)."""
+        pid = tl.program_id(0)
+        item = pid // num_sub
+        sub = pid % num_sub
+        wi = WorkInfo + item * 8
+        loc = tl.load(wi + 1)
+        qo_start = tl.load(wi + 2)
+        qo_end = tl.load(wi + 3)
+        kv_start = tl.load(wi + 4)
+        kv_end = tl.load(wi + 5)
+        kv_offset = tl.load(wi + 6)
+        head_range = tl.load(wi + 7)
+        head = (head_range & 0xFFFF) + tl.program_id(1)
+        m0 = qo_start + sub * BLOCK_M
+        if (head < (head_range >> 16)) & (m0 < qo_end):
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < qo_end
+            q_ptr = Q + offs_m.to(tl.int64)[:, None] * sq_t + head.to(tl.int64) * sq_h
+            q_nope = tl.load(q_ptr + tl.arange(0, NOPE_C)[None, :], mask=row_ok[:, None], other=0.0)
+            q_rope = tl.load(q_ptr + NOPE_C + tl.arange(0, ROPE_C)[None, :], mask=row_ok[:, None], other=0.0)
+            if FP8:
+                s_q = fp8_scale_from_amax(tl.load(Amax), FP8_MAX)
+                s_k = fp8_scale_from_amax(tl.load(Amax + 1), FP8_MAX)
+                s_v = fp8_scale_from_amax(tl.load(Amax + 2), FP8_MAX)
+                q_nope = tl.clamp(tl.math.div_rn(q_nope.to(tl.float32), s_q), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
+                q_rope = tl.clamp(tl.math.div_rn(q_rope.to(tl.float32), s_q), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
+                scale = qk_scale * s_q * s_k
+            else:
+                s_v = 1.0
+                scale = qk_scale
+
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, DV_C], dtype=tl.float32)
+
+            # keys every row of the slice sees: up to the diagonal of its first row
+            if causal != 0:
+                full_end = tl.minimum(kv_end, m0 + kv_offset + 1)
+                last_row = tl.minimum(m0 + BLOCK_M, qo_end) - 1
+                hi = tl.minimum(kv_end, last_row + kv_offset + 1)
+            else:
+                full_end = kv_end
+                hi = kv_end
+            n_full = tl.maximum(full_end - kv_start, 0) // BLOCK_N
+            acc, l_i, m_i = _attend_blocks(
+                acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
+                kv_start, n_full, offs_m, head, kv_end, kv_offset, scale,
+                sk_t, sk_h, sv_t, sv_h, vt_stride,
+                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, WARP_SPEC,
+            )
+            lo = kv_start + n_full * BLOCK_N
+            n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+            acc, l_i, m_i = _attend_blocks(
+                acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
+                lo, n_masked, offs_m, head, kv_end, kv_offset, scale,
+                sk_t, sk_h, sv_t, sv_h, vt_stride,
+                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, False,
+            )
+
+            seen = l_i > 0
+            inv = tl.where(seen, s_v / tl.where(seen, l_i, 1.0), 0.0)
+            o = acc * inv[:, None]
+            lse = tl.where(seen, (m_i - P_SHIFT + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2_C, float("-inf"))
+            offs_m64 = offs_m.to(tl.int64)
+            cols = tl.arange(0, DV_C)
+            if loc < 0:
+                o_ptr = Out + offs_m64[:, None] * so_t + head.to(tl.int64) * so_h + cols[None, :]
+                tl.store(o_ptr, o.to(Out.dtype.element_ty), mask=row_ok[:, None])
+                if has_lse != 0:
+                    tl.store(Lse + offs_m64 * sl_t + head * sl_h, lse, mask=row_ok)
+            else:
+                prow = (loc + offs_m - qo_start).to(tl.int64)
+                tl.store(PartO + prow[:, None] * spo_t + head.to(tl.int64) * spo_h + cols[None, :], o,
+                         mask=row_ok[:, None])
+                tl.store(PartLse + prow * spl_t + head * spl_h, lse, mask=row_ok)

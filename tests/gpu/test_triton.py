@@ -1,0 +1,224 @@
+"""The Triton kernels on the GPU against float64, through the public API and directly.
+
+Every output buffer is poisoned with NaN before the call; inputs are fresh random draws.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mla_plugins
+from mla_plugins.core.fp8 import quantize_fp8
+from mla_plugins.core.reduce import torch_reduce
+from tests.core.helpers import BF16_TOL, FP8_TOL, cu_seqlens, poisoned, random_batch
+from tests.gpu.conftest import reference_on_device, rel_err, requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu, pytest.mark.triton]
+
+CASES = {
+    "edge lengths": ([0, 1, 255, 256, 257, 300], [0, 1, 255, 256, 257, 300]),
+    "cached prefix": ([1, 200, 257], [129, 700, 513]),
+    "no key for early rows": ([300, 5], [100, 0]),
+    "single long": ([600], [600]),
+}
+
+
+def check(out, lse, ref_out, ref_lse, tol):
+    assert not torch.isnan(out).any(), "output has NaN (unwritten or invalid)"
+    assert not torch.isnan(lse).any(), "lse has NaN (unwritten or invalid)"
+    err = rel_err(out, ref_out)
+    assert err <= tol, f"output relative error {err:.3e} > {tol}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), "rows that see no key must have lse -inf, others finite"
+    assert (lse[~finite] == float("-inf")).all()
+    assert (out[~finite] == 0).all(), "rows that see no key must output 0"
+    if finite.any():
+        lerr = rel_err(lse[finite], ref_lse[finite])
+        assert lerr <= tol, f"lse relative error {lerr:.3e} > {tol}"
+    return err
+
+
+def run_triton(q, k, v, cq, ck, *, causal, fp8, plan=None, scale=None):
+    out = poisoned((q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device)
+    result, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, causal=causal, fp8=fp8, out=out,
+                                          return_lse=True, plan=plan, kernel="triton",
+                                          softmax_scale=scale)
+    assert result is out
+    return out, lse
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["own-plan", "split-plan"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_matches_float64(case, heads, causal, fp8, split, device):
+    lens_q, lens_k = CASES[case]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, device=device)
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=causal)
+    plan = None
+    if split:
+        # tile_q 256 (two programs per tile), many workers: tiles cut into pieces, then reduced
+        plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=causal, tile_q=256,
+                                        kv_granularity=128, num_workers=heads * 7)
+    out, lse = run_triton(q, k, v, cq, ck, causal=causal, fp8=fp8, plan=plan)
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "lens_q,lens_k,heads",
+    [([8192], [8192], 128), ([1000, 8300], [3000, 8300], 16), ([16384], [16384], 16)],
+    ids=["8k-h128", "varlen-8k-h16", "16k-h16"],
+)
+def test_long_sequences(lens_q, lens_k, heads, fp8, device):
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, device=device)
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True, heads_per_step=2)
+    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=fp8)
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_split_long_prefix(fp8, device):
+    """A short query over a long cached prefix: the kernel's own plan splits it (few programs)."""
+    q, k, v, cq, ck = random_batch([300], [20000], 2, device=device)
+    kernel = mla_plugins.core.registry.get_registry().get("triton")
+    inputs = mla_plugins.core.api._prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+    params = kernel.plan_params(inputs)
+    assert params["num_workers"] > 1, params
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=True, **params)
+    assert plan.num_partial_tiles > 0
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True)
+    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=fp8)
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_strided_views(fp8, device):
+    """k and v as views of one [T, H, 320] projection output (vLLM's layout): no TMA on bf16."""
+    heads = 8
+    gen = torch.Generator().manual_seed(11)
+    kv = torch.randn(700, heads, 320, generator=gen).to(device, torch.bfloat16)
+    qbig = torch.randn(500, heads, 256, generator=gen).to(device, torch.bfloat16)
+    q, k, v = qbig[..., :192], kv[..., :192], kv[..., 192:]
+    cq, ck = cu_seqlens([200, 300], device), cu_seqlens([300, 400], device)
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True)
+    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=fp8)
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_large_magnitude_no_nan(fp8, device):
+    q, k, v, cq, ck = random_batch([300, 40], [300, 90], 4, scale=1e3, device=device)
+    scale = 192**-0.5 / 1e6
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, softmax_scale=scale)
+    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=fp8, scale=scale)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quantization_matches_core_rule(dtype, device):
+    """amax and cast give exactly core/fp8.py's fp8 values, v transposed."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, v, _, _ = random_batch([333], [517], 5, dtype=dtype, scale=3.0, device=device)
+    fp8 = torch.float8_e4m3fn
+    amax = tq.amax_qkv(q, k, v)
+    for i, x in enumerate((q, k, v)):
+        assert amax[i].item() == x.abs().amax().float().item()
+    k8, vt8 = tq.cast_kv(k, v, amax, fp8)
+    rk, _ = quantize_fp8(k, fp8)
+    rv, _ = quantize_fp8(v, fp8)
+    assert torch.equal(k8.view(torch.uint8), rk.view(torch.uint8))
+    vt = vt8[:, : v.shape[0]].reshape(5, 128, v.shape[0]).permute(2, 0, 1)
+    assert torch.equal(vt.contiguous().view(torch.uint8), rv.view(torch.uint8))
+
+
+def test_quantization_all_zero_scale_one(device):
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    k = torch.zeros(40, 2, 192, dtype=torch.bfloat16, device=device)
+    v = torch.zeros(40, 2, 128, dtype=torch.bfloat16, device=device)
+    amax = tq.amax_qkv(k, k, v)
+    assert amax.tolist() == [0.0, 0.0, 0.0]
+    k8, vt8 = tq.cast_kv(k, v, amax, torch.float8_e4m3fn)
+    assert (k8.float() == 0).all() and (vt8[:, :40].float() == 0).all()
+
+
+def _random_partials(device, heads=8, dv=128, tile_q=64, seed=0):
+    """Three split tiles (2, 3 and 4 pieces) in shuffled slots, padding after them in
+    reduce_indptr, some pieces with lse -inf (and NaN outputs that must not be read), and
+    row 5 of tile 0 where every piece has lse -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    pieces = [2, 3, 4]
+    rows = [64, 50, 64]
+    n = sum(pieces)
+    po = torch.randn(n * tile_q, heads, dv, generator=gen)
+    pl = torch.randn(n * tile_q, heads, generator=gen) * 3
+    pmap = [p * tile_q for p in torch.randperm(n, generator=gen).tolist()]
+    pl[pmap[0] : pmap[0] + 10, 0] = float("-inf")
+    pl[pmap[0] + 5, :] = float("-inf")
+    pl[pmap[1] + 5, :] = float("-inf")
+    po[pmap[1] + 5] = float("nan")
+    indptr = [0]
+    for c in pieces:
+        indptr.append(indptr[-1] + c)
+    indptr += [indptr[-1]] * 3  # trailing padding
+    starts = [0, 64, 200]
+    fmap = [[s, s + r] for s, r in zip(starts, rows, strict=False)] + [[0, 0]] * 3
+    to = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
+    return po.to(device), pl.to(device), to(indptr), to(fmap), to(pmap), tile_q
+
+
+def test_reduce_matches_torch(device):
+    po, pl, indptr, fmap, pmap, tile_q = _random_partials(device)
+    total_q, heads, dv = 300, po.shape[1], po.shape[2]
+    ref_out = poisoned((total_q, heads, dv), torch.bfloat16, device)
+    ref_lse = poisoned((total_q, heads), torch.float32, device)
+    torch_reduce(torch.nan_to_num(po, nan=0.0), pl, indptr, fmap, pmap, tile_q, ref_out, ref_lse)
+    out = poisoned((total_q, heads, dv), torch.bfloat16, device)
+    lse = poisoned((total_q, heads), torch.float32, device)
+    mla_plugins.mla_reduce(po, pl, indptr, fmap, pmap, tile_q, 0, out, lse, kernel="triton")
+    written = ~torch.isnan(ref_lse)
+    assert torch.equal(~torch.isnan(lse), written), "wrote rows outside the split tiles, or missed some"
+    assert not torch.isnan(out[written]).any()
+    assert (lse[5] == float("-inf")).all() and (out[5] == 0).all()
+    fin = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[fin], ref_lse[fin], rtol=1e-5, atol=1e-5)
+    assert rel_err(out[written], ref_out[written].double()) < 1e-2
+
+
+def test_reduce_without_final_map(device):
+    po, pl, indptr, _, pmap, tile_q = _random_partials(device, seed=3)
+    po = torch.nan_to_num(po, nan=0.0)
+    total_q, heads, dv = 3 * po.shape[0], po.shape[1], po.shape[2]
+    ref_out = poisoned((total_q, heads, dv), torch.bfloat16, device)
+    torch_reduce(po, pl, indptr, None, pmap, tile_q, ref_out, None)
+    out = poisoned((total_q, heads, dv), torch.bfloat16, device)
+    mla_plugins.mla_reduce(po, pl, indptr, None, pmap, tile_q, 0, out, None, kernel="triton")
+    assert torch.equal(torch.isnan(out), torch.isnan(ref_out))
+    ok = ~torch.isnan(ref_out)
+    assert ok.any()
+    assert rel_err(out[ok], ref_out[ok].double()) < 1e-2
+
+
+def test_auto_picks_triton_on_cuda(device):
+    q, k, v, cq, ck = random_batch([64], [64], 2, device=device)
+    inputs = mla_plugins.core.api._prefill_inputs(q, k, v, cq, ck, None, True, True)
+    chosen = mla_plugins.core.registry.get_registry().select(inputs, "auto")
+    info = {i.name: i for i in mla_plugins.available_kernels(device)}
+    assert info["triton"].available, info["triton"].reasons
+    if not torch.version.hip:
+        assert chosen.name == "triton"
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_torch_kernel_on_cuda(fp8, device):
+    """The reference torch kernel also runs on the GPU through the public API."""
+    q, k, v, cq, ck = random_batch([257, 100], [300, 400], 4, device=device)
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck)
+    out = poisoned((q.shape[0], 4, 128), q.dtype, device)
+    _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=fp8, out=out, return_lse=True, kernel="torch")
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
