@@ -26,7 +26,7 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8) -> PrefillInputs:
+def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan) -> PrefillInputs:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, ndim=3)
         if t.dtype not in FLOAT_DTYPES:
@@ -46,8 +46,15 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
         raise ValueError(f"k: found head dim {k.shape[2]}, expected {q.shape[2]} like q ([total_k, H, Dqk])")
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"v: found {v.shape[0]} tokens, expected {k.shape[0]} like k ([total_k, H, Dv])")
-    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    if isinstance(plan, PrefillPlan) and plan.built_from(cu_seqlens_q, cu_seqlens_k):
+        cq, ck = plan.cu_seqlens_host  # checked when the plan was built: no device sync
+    else:
+        cq, ck = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
+        if isinstance(plan, PrefillPlan) and (tuple(cq), tuple(ck)) != plan.cu_seqlens_host:
+            raise ValueError(
+                "plan: found a plan built from other sequence lengths than cu_seqlens_q/"
+                "cu_seqlens_k; build it with plan_prefill() from these (plans are per batch)"
+            )
     if cq[-1] != q.shape[0]:
         raise ValueError(f"cu_seqlens_q: found total {cq[-1]}, expected {q.shape[0]} (q.shape[0])")
     if ck[-1] != k.shape[0]:
@@ -117,7 +124,7 @@ def mla_prefill(
     Returns out [total_q, H, Dv] in q's dtype, or (out, lse) with lse float32 [total_q, H]
     (natural log) for every row when return_lse=True. Rows that see no key: 0 and -inf.
     """
-    inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8)
+    inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan)
     out_shape = (q.shape[0], q.shape[1], v.shape[2])
     if out is not None:
         check_tensor("out", out, ndim=3)

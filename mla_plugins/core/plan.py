@@ -73,6 +73,16 @@ class PrefillPlan:
     num_tiles: int
     #: host copy of work_info, so host-driven kernels need no device sync
     work_info_cpu: torch.Tensor
+    #: host copies of the offsets, and which tensors (at which in-place version) they came
+    #: from: `mla_prefill` given this plan and the same unmodified tensors skips reading them
+    cu_seqlens_host: tuple[tuple[int, ...], tuple[int, ...]]
+    source: tuple[torch.Tensor, int, torch.Tensor, int]
+
+    def built_from(self, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> bool:
+        """True when these are the very tensors the plan read, not modified in place since."""
+        sq, vq, sk, vk = self.source
+        return (sq is cu_seqlens_q and sk is cu_seqlens_k
+                and cu_seqlens_q._version == vq and cu_seqlens_k._version == vk)
 
     @property
     def num_split_tiles(self) -> int:
@@ -124,7 +134,7 @@ def plan_prefill(
     `num_workers` defaults to the multiprocessor count of their device (a fixed
     number on the CPU). The result is deterministic for given arguments.
     """
-    check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
+    cq, ck = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
     check_positive_int("num_heads", num_heads)
     check_positive_int("tile_q", tile_q)
     check_positive_int("kv_granularity", kv_granularity)
@@ -135,8 +145,6 @@ def plan_prefill(
     if num_heads >= 1 << 15:
         raise ValueError(f"num_heads: found {num_heads}, expected fewer than 32768")
 
-    cq = cu_seqlens_q.tolist()
-    ck = cu_seqlens_k.tolist()
     batch = len(cq) - 1
 
     # (batch, qo_start, qo_end, k_start, eff_kv, units, kv_offset) per tile
@@ -164,7 +172,7 @@ def plan_prefill(
     per_worker: list[list[list[int]]] = [[] for _ in range(per_cluster)]
     groups: list[tuple[int, int, list[int]]] = []  # (qo_start, qo_end, piece rows)
     pieces = 0
-    w, remaining = 0, quota[0] if per_cluster else 0
+    w, remaining = 0, quota[0]
     for b, q0, q1, k0, eff, units, kv_offset in tiles:
         done = 0
         if units == 0:
@@ -233,4 +241,6 @@ def plan_prefill(
         max_seqlen_k=max_k,
         num_tiles=len(tiles),
         work_info_cpu=work_info_cpu,
+        cu_seqlens_host=(tuple(cq), tuple(ck)),
+        source=(cu_seqlens_q, cu_seqlens_q._version, cu_seqlens_k, cu_seqlens_k._version),
     )

@@ -34,8 +34,11 @@ def check_same_device(reference_name: str, reference: torch.Tensor, **others) ->
             )
 
 
-def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k) -> None:
-    """Both int32 1-D [B+1], same length and device, starting at 0, non-decreasing."""
+def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k) -> tuple[list[int], list[int]]:
+    """Both int32 1-D [B+1], same length and device, starting at 0, non-decreasing.
+
+    Returns their host copies (one device sync each), so callers need not read them again.
+    """
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         check_tensor(name, t, ndim=1, dtypes=(torch.int32,))
         if t.numel() < 1:
@@ -46,8 +49,10 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k) -> None:
             f"{tuple(cu_seqlens_q.shape)} like cu_seqlens_q (one offset per sequence + 1)"
         )
     check_same_device("cu_seqlens_q", cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    hosts = []
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         host = t.tolist()
+        hosts.append(host)
         if host[0] != 0:
             raise ValueError(f"{name}: found first offset {host[0]}, expected 0")
         for i in range(1, len(host)):
@@ -56,6 +61,7 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k) -> None:
                     f"{name}: found decreasing offsets {host[i - 1]} -> {host[i]} at index {i}, "
                     "expected non-decreasing cumulative sequence lengths"
                 )
+    return hosts[0], hosts[1]
 
 
 def check_nonnegative_int(name: str, value) -> None:
