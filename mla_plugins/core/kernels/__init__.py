@@ -18,16 +18,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 def mla_plugins_kernels() -> list[Kernel]:
     from .aiter_kernel import AiterKernel
     from .torch_kernel import TorchKernel
+    from .triton_kernel import TritonKernel
 
-    kernels = [AiterKernel(), TorchKernel()]
-    try:  # TEMPORARY until the Triton provider lands
-        from .triton_kernel import TritonKernel
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.triton_kernel":
-            raise
-    else:
-        kernels.insert(1, TritonKernel())
-    return kernels
+    return [AiterKernel(), TritonKernel(), TorchKernel()]
 
 
 __all__ = ["ConfigInputs", "Kernel", "KernelInfo", "PrefillInputs", "ReduceInputs", "hookimpl"]
