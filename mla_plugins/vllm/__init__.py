@@ -1,0 +1,39 @@
+"""vLLM adapter: an entry-point plugin that puts mla-plugins' MLA prefill into vLLM.
+
+vLLM runs `register()` in every process it starts (API server, engine core, workers)
+through the entry point `vllm.general_plugins: mla_plugins = mla_plugins.vllm:register`
+(set `VLLM_PLUGINS` to a list without `mla_plugins` to keep it out). Importing this
+package imports no vLLM; `register()` imports it lazily.
+
+What `register()` does (vLLM 0.32 and 0.33; on any other version it logs one warning and
+touches nothing):
+- registers `MLAPluginsPrefillBackend` as vLLM's MLA prefill backend `CUSTOM` and under
+  the name `MLA_PLUGINS`; select it with
+      vllm serve MODEL --attention-config '{"mla_prefill_backend": "MLA_PLUGINS"}'
+      vllm serve MODEL --attention-config.mla_prefill_backend MLA_PLUGINS
+      LLM(model=..., attention_config={"mla_prefill_backend": "MLA_PLUGINS"})
+  (`CUSTOM` works in the same places, while no other plugin claims it).
+- MLA_PLUGINS_VLLM_OVERRIDE=CPU[,NAME...]: our backend takes these built-in slots, for
+  platforms that ignore the selection above (vLLM's CPU platform always uses its `CPU`
+  prefill slot). Prefill slots: any `MLAPrefillBackendEnum` name (CPU, ZEN_CPU,
+  ROCM_AITER_FA, FLASH_ATTN, ...). Whole-backend slot: ROCM_AITER_MLA, vLLM's AITER MLA
+  backend with its built-in FP8 ASM prefill turned off, so prefill goes through the
+  selected MLA prefill backend (the only way in where AITER's FP8 path would run).
+- MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL=1: keep chunked prefill on for MLA models on the
+  CPU platform, which vLLM 0.32 turns off for its reference CPU MLA backend (platforms/
+  cpu.py); both vLLM's CPU SDPA prefill and ours handle the context chunks it creates.
+- AITER shim (ROCm, when AMD AITER imports; MLA_PLUGINS_SHIM=0 turns it off): vLLM's
+  `AiterMLAImpl._mla_reduce_v1` is bound to `mla_plugins.aiter_mla_reduce_v1`, so the
+  8-argument call of vLLM 0.22-0.24 and the 9-argument call of 0.25+ both work with AITER
+  before and after ROCm/aiter#3391.
+- MLA_PLUGINS_TRACE=<file>: each prefill call appends a JSON line (entry `new_tokens` or
+  `context_chunk`, framework `vllm`, with the pid of the worker that ran it).
+- FP8 or bf16: `mla_plugins.fp8_requested(kv_cache_dtype)`: MLA_PLUGINS_FP8=1/0 decides,
+  else FP8 iff the KV cache dtype is fp8*.
+"""
+
+from __future__ import annotations
+
+from .registration import BACKEND_NAME, PREFILL_CLASS_PATH, SUPPORTED_VLLM, register
+
+__all__ = ["BACKEND_NAME", "PREFILL_CLASS_PATH", "SUPPORTED_VLLM", "register"]

@@ -1,0 +1,139 @@
+"""Run vLLM's real multi-process engine on the tiny model, with our prefill or vLLM's own.
+
+Used by the demo (`python -m mla_plugins.vllm.demo`) and the end-to-end tests. Everything
+vLLM-side is stock: `LLM(...)` spawns its engine-core and worker processes, and our
+`register()` reaches them through the entry point. The only knobs are environment
+variables the children inherit (set before each engine starts):
+MLA_PLUGINS_VLLM_OVERRIDE=CPU (our backend takes the CPU slot), MLA_PLUGINS_FP8,
+MLA_PLUGINS_TRACE and MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL=1 (context chunks on CPU).
+Call from under `if __name__ == "__main__":` (vLLM spawns its processes).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: prompt lengths: short ones, and long ones cut into chunks of max_num_batched_tokens
+#: (512 rows = two 256-row tiles per call; the later chunks see earlier ones as context).
+PROMPT_LENGTHS = (9, 61, 700, 1100)
+MAX_NUM_BATCHED_TOKENS = 512
+
+
+def make_prompts(lengths=PROMPT_LENGTHS, vocab: int = 1024, seed: int = 1234) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(n)] for n in lengths]
+
+
+def worker_facts(worker) -> dict:
+    """Runs inside the worker (collective_rpc): what its config and layers actually hold."""
+    cfg = worker.vllm_config
+    selected = cfg.attention_config.mla_prefill_backend
+    model = worker.model_runner.get_model()
+    backends = sorted({type(m.prefill_backend).__name__ for m in model.modules()
+                       if getattr(m, "prefill_backend", None) is not None})
+    return {
+        "pid": os.getpid(),
+        "selected_mla_prefill_backend": None if selected is None else selected.name,
+        "layer_prefill_backends": backends,
+        "chunked_prefill": cfg.scheduler_config.enable_chunked_prefill,
+        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+    }
+
+
+@dataclass
+class EngineResult:
+    label: str
+    main_pid: int
+    tokens: list[list[int]]
+    prompt_top1: list[list[int]]
+    worker: dict
+    trace: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+def run_engine(
+    model: str | Path,
+    prompts: list[list[int]],
+    *,
+    label: str,
+    ours: bool,
+    fp8: bool = False,
+    select_by_name: str | None = None,
+    trace_file: str | Path | None = None,
+    max_tokens: int = 6,
+) -> EngineResult:
+    """One LLM engine: greedy `max_tokens` per prompt plus the top-1 token at every prompt position."""
+    from vllm import LLM, SamplingParams
+
+    env = {
+        "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": "1",
+        "MLA_PLUGINS_VLLM_OVERRIDE": "CPU" if ours else "",
+        "MLA_PLUGINS_FP8": "1" if fp8 else "0",
+        "MLA_PLUGINS_TRACE": str(trace_file) if trace_file else "",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        # collective_rpc(worker_facts) ships a function to the worker: vLLM wants this opt-in
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    }
+    os.environ.update(env)
+    if trace_file:
+        Path(trace_file).unlink(missing_ok=True)
+    kwargs = {}
+    if select_by_name:
+        # LLM() parses attention_config before it loads plugins; a dynamic name needs them first.
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+        kwargs["attention_config"] = {"mla_prefill_backend": select_by_name}
+    llm = LLM(
+        model=str(model), skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+        max_model_len=2048, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=4,
+        enable_chunked_prefill=True, enable_prefix_caching=False, seed=0, **kwargs,
+    )
+    try:
+        worker = llm.collective_rpc(worker_facts)[0]
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, prompt_logprobs=1,
+                                ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        top1 = []
+        for o in outs:
+            # position 0 has no logprobs; rank-1 entry of each later position is the top-1 token
+            top1.append([next(t for t, lp in pos.items() if lp.rank == 1)
+                         for pos in o.prompt_logprobs[1:]])
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    trace = []
+    if trace_file and Path(trace_file).exists():
+        trace = [json.loads(line) for line in Path(trace_file).read_text().splitlines() if line]
+    return EngineResult(label, os.getpid(), tokens, top1, worker, trace)
+
+
+def top1_agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return sum(x == y for x, y in pairs) / max(len(pairs), 1)
+
+
+def trace_summary(trace: list[dict], main_pid: int) -> dict:
+    """Counts by entry and pid, and whether every call came from another process than main."""
+    by_entry: dict[str, int] = {}
+    for t in trace:
+        by_entry[t["entry"]] = by_entry.get(t["entry"], 0) + 1
+    return {
+        "calls": len(trace),
+        "by_entry": by_entry,
+        "pids": sorted({t["pid"] for t in trace}),
+        "all_from_workers": all(t["pid"] != main_pid for t in trace),
+        "kernels": sorted({t["kernel"] for t in trace}),
+        "fp8": sorted({t["fp8"] for t in trace}),
+        "max_q_tokens": max((t["q_tokens"] for t in trace), default=0),
+        "max_k_tokens": max((t["k_tokens"] for t in trace), default=0),
+    }
