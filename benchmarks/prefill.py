@@ -132,19 +132,19 @@ def sdpa_peer(q, k, v, cq, heads, backend, causal=True):
     return run, to_packed
 
 
-def time_ours(q, k, v, cq, ck, heads, fp8, plan, config=None):
+def time_ours(q, k, v, cq, ck, heads, fp8, plan, config=None, e2e=True):
     """(ms end to end, ms attention alone or None) for one shape."""
-    from mla_plugins.core.api import _prefill_inputs
     from mla_plugins.core.kernels import triton_quant as tq
     from mla_plugins.core.kernels.triton_kernel import TritonKernel, run_prefill
+    from tests.gpu.conftest import make_inputs
 
-    inputs = _prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
     out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=q.device)
     po = torch.empty(plan.partial_rows(), heads, DV, device=q.device)
     pl = torch.empty(plan.partial_rows(), heads, device=q.device)
     kernel = TritonKernel()
 
-    def e2e():
+    def run_e2e():
         run_prefill(inputs, plan, out, None, po, pl, config=config)
         if plan.num_partial_tiles:
             from mla_plugins.core.kernels.triton_reduce import reduce
@@ -152,7 +152,7 @@ def time_ours(q, k, v, cq, ck, heads, fp8, plan, config=None):
             reduce(po, pl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
                    plan.tile_q, out, None)
 
-    ms_e2e = bench(e2e)
+    ms_e2e = bench(run_e2e) if (e2e or not fp8) else None
     ms_attn = None
     if fp8:
         amax = tq.amax_qkv(q, k, v)
@@ -181,10 +181,10 @@ def _warm_one(args):
 
 
 def time_small(q, k, v, cq, ck, heads, fp8, plan, config):
-    from mla_plugins.core.api import _prefill_inputs
     from mla_plugins.core.kernels.triton_kernel import run_prefill
+    from tests.gpu.conftest import make_inputs
 
-    inputs = _prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
     out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=q.device)
     po = torch.empty(max(plan.partial_rows(), 1), heads, DV, device=q.device)
     pl = torch.empty(max(plan.partial_rows(), 1), heads, device=q.device)
@@ -204,26 +204,22 @@ def sweep(args):
 
     device = torch.device("cuda")
     configs = []
-    for fp8 in (True, False):
-        for bm, bn, w, s, tma, ws in [
-            (128, 128, 8, 3, True, False),
-            (128, 128, 8, 2, True, False),
-            (128, 64, 8, 3, True, False),
-            (128, 64, 8, 4, True, False),
-            (128, 128, 8, 3, False, False),
-            (128, 64, 4, 3, True, False),
-            (64, 128, 4, 3, True, False),
-            (64, 64, 4, 4, True, False),
-            (128, 128, 8, 3, True, True),
-            (128, 128, 8, 2, True, True),
-            (128, 64, 8, 3, True, True),
-        ]:
-            configs.append((fp8, asdict(TileConfig(bm, bn, w, s, tma, ws))))
+    variants = {
+        True: [(128, 128, 8, 3, True, False), (128, 128, 8, 3, True, True), (128, 128, 8, 4, True, False),
+               (128, 64, 8, 3, True, False), (128, 64, 8, 4, True, True), (64, 128, 4, 3, True, False),
+               (64, 128, 4, 3, True, True), (64, 64, 4, 4, True, False), (256, 128, 16, 2, True, False),
+               (256, 64, 16, 3, True, False)],
+        False: [(128, 64, 8, 3, True, False), (128, 64, 8, 3, True, True), (128, 128, 8, 2, True, False),
+                (64, 64, 4, 3, True, False), (64, 128, 4, 2, True, False), (256, 64, 16, 2, True, False)],
+    }
+    for fp8, rows in variants.items():
+        for bm, bn, w, st, tma, ws in rows:
+            configs.append((fp8, asdict(TileConfig(bm, bn, w, st, tma, ws))))
     t0 = time.time()
     errs = precompile(configs)
     print(f"precompiled {len(configs)} variants in {time.time() - t0:.0f}s", flush=True)
     results = []
-    shapes = [s for s in SHAPES if s[0] in ("B1-S8192-H128", "B4-S4096-H16")]
+    shapes = [s for s in SHAPES if s[0] in ("B8-S2048-H128", "B1-S16384-H16")]
     for name, lq, lk, heads in shapes:
         q, k, v, cq, ck = make_batch(lq, lk, heads, device)
         fl = flops(lq, lk, heads)
@@ -236,13 +232,17 @@ def sweep(args):
                     config = TileConfig(**cfg)
                     plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=config.block_m,
                                         num_workers=1)
-                    e2e, attn = time_ours(q, k, v, cq, ck, heads, fp8, plan, config)
-                    row.update(ms_e2e=e2e, tflops_e2e=fl / e2e / 1e9,
-                               ms_attn=attn, tflops_attn=(fl / attn / 1e9) if attn else None)
+                    e2e, attn = time_ours(q, k, v, cq, ck, heads, fp8, plan, config, e2e=False)
+                    ms = attn if fp8 else e2e
+                    row.update(ms_attn=ms, tflops_attn=fl / ms / 1e9)
                 except Exception as exc:
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             results.append(row)
-            print(json.dumps(row), flush=True)
+            c = row
+            tag = f"{name} {'fp8 ' if fp8 else 'bf16'} bm{c['block_m']} bn{c['block_n']} w{c['num_warps']} " \
+                  f"s{c['num_stages']} tma{int(c['use_tma'])} ws{int(c['warp_spec'])}"
+            print(f"{tag}: " + (f"{row['tflops_attn']:.0f} TFLOP/s" if "error" not in row else row["error"][:120]),
+                  flush=True)
         del q, k, v
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
@@ -330,8 +330,8 @@ def accuracy_sample(device):
 
 def main_bench(args):
     import mla_plugins
-    from mla_plugins.core.api import _prefill_inputs
     from mla_plugins.core.kernels.triton_kernel import BF16_CONFIG, FP8_CONFIG, TritonKernel
+    from tests.gpu.conftest import make_inputs
 
     device = torch.device("cuda")
     result = {"env": environment(), "configs": {"fp8": asdict(FP8_CONFIG), "bf16": asdict(BF16_CONFIG)}}
@@ -351,7 +351,7 @@ def main_bench(args):
         fl = flops(lq, lk, heads)
         row = {"shape": name, "heads": heads, "tflop": fl / 1e12}
         for fp8 in (True, False):
-            inputs = _prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+            inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
             plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=True, **kernel.plan_params(inputs))
             key = "fp8" if fp8 else "bf16"
             row[f"{key}_plan"] = plan.summary()

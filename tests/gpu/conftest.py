@@ -60,3 +60,18 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 @pytest.fixture
 def device():
     return torch.device("cuda")
+
+
+def make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, fp8=True, softmax_scale=None):
+    """A PrefillInputs for calling a provider directly (the public API builds the same)."""
+    from mla_plugins.core.device import fp8_dtype_for
+    from mla_plugins.core.kernels.base import PrefillInputs
+
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    return PrefillInputs(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        softmax_scale=q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale,
+        causal=causal, fp8=fp8, fp8_dtype=fp8_dtype_for(q.device),
+        max_seqlen_q=max((b - a for a, b in zip(cq, cq[1:], strict=False)), default=0),
+        max_seqlen_k=max((b - a for a, b in zip(ck, ck[1:], strict=False)), default=0),
+    )

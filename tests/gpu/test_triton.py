@@ -12,7 +12,7 @@ import mla_plugins
 from mla_plugins.core.fp8 import quantize_fp8
 from mla_plugins.core.reduce import torch_reduce
 from tests.core.helpers import BF16_TOL, FP8_TOL, cu_seqlens, poisoned, random_batch
-from tests.gpu.conftest import reference_on_device, rel_err, requires_gpu
+from tests.gpu.conftest import make_inputs, reference_on_device, rel_err, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu, pytest.mark.triton]
 
@@ -84,7 +84,7 @@ def test_split_long_prefix(fp8, device):
     """A short query over a long cached prefix: the kernel's own plan splits it (few programs)."""
     q, k, v, cq, ck = random_batch([300], [20000], 2, device=device)
     kernel = mla_plugins.core.registry.get_registry().get("triton")
-    inputs = mla_plugins.core.api._prefill_inputs(q, k, v, cq, ck, None, True, fp8)
+    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
     params = kernel.plan_params(inputs)
     assert params["num_workers"] > 1, params
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=True, **params)
@@ -206,7 +206,7 @@ def test_reduce_without_final_map(device):
 
 def test_auto_picks_triton_on_cuda(device):
     q, k, v, cq, ck = random_batch([64], [64], 2, device=device)
-    inputs = mla_plugins.core.api._prefill_inputs(q, k, v, cq, ck, None, True, True)
+    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
     chosen = mla_plugins.core.registry.get_registry().select(inputs, "auto")
     info = {i.name: i for i in mla_plugins.available_kernels(device)}
     assert info["triton"].available, info["triton"].reasons

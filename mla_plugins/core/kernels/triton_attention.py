@@ -62,6 +62,9 @@ if triton is not None:
     def _load_v(V, row0, head, sv_t, sv_h, vt_stride, kv_end, MASK_ROWS: tl.constexpr,
                 BLOCK_N: tl.constexpr, FP8: tl.constexpr, USE_TMA: tl.constexpr):
         """v tile [BLOCK_N, 128]; in fp8 it comes from the transposed copy [H * 128, T]."""
+        # fp8: a TMA load of the transposed copy starts at token `row0` in its innermost dim;
+        # on the H200 that faults (illegal instruction) unless row0 is 16-aligned, so the
+        # host passes USE_TMA=False for v when some item starts unaligned.
         if FP8:
             if USE_TMA:
                 vt = V.load([head * DV_C, row0])
@@ -88,21 +91,29 @@ if triton is not None:
     @triton.jit
     def _attend_blocks(
         acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
-        lo, n_blocks, offs_m, head, kv_end, kv_offset, qk_scale,
+        lo, n_blocks, head_start, n_head, offs_m, head, kv_start, kv_end, kv_offset, qk_scale,
         sk_t, sk_h, sv_t, sv_h, vt_stride,
         causal, MASKED: tl.constexpr, FP8: tl.constexpr, P_SHIFT: tl.constexpr,
-        BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+        BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
     ):
-        """Online softmax over `n_blocks` key blocks starting at row `lo`."""
+        """Online softmax over `n_blocks` key blocks starting at row `lo`.
+
+        MASKED: the first `n_head` (0 or 1) blocks start at `head_start` instead (the
+        16-aligned block holding an unaligned `kv_start`), the others follow from `lo`;
+        keys outside [kv_start, kv_end) and, when causal, past each row's diagonal are masked.
+        """
         p_ty = q_nope.dtype
         for i in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
-            start = lo + i * BLOCK_N
+            if MASKED:
+                start = tl.where(i < n_head, head_start, lo + (i - n_head) * BLOCK_N)
+            else:
+                start = lo + i * BLOCK_N
             kn, kr = _load_k(K, Kr, start, head, sk_t, sk_h, kv_end, MASKED, BLOCK_N, USE_TMA)
             s = tl.dot(q_nope, tl.trans(kn))
             s = tl.dot(q_rope, tl.trans(kr), s)
             if MASKED:
                 cols = start + tl.arange(0, BLOCK_N)
-                visible = cols[None, :] < kv_end
+                visible = (cols[None, :] < kv_end) & (cols[None, :] >= kv_start)
                 visible = visible & ((cols[None, :] <= offs_m[:, None] + kv_offset) | (causal == 0))
                 s = tl.where(visible, s * qk_scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -116,7 +127,7 @@ if triton is not None:
             alpha = tl.math.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
-            v = _load_v(V, start, head, sv_t, sv_h, vt_stride, kv_end, MASKED, BLOCK_N, FP8, USE_TMA)
+            v = _load_v(V, start, head, sv_t, sv_h, vt_stride, kv_end, MASKED, BLOCK_N, FP8, V_TMA)
             acc = tl.dot(p.to(p_ty), v, acc)
             m_i = m_new
         return acc, l_i, m_i
@@ -128,7 +139,7 @@ if triton is not None:
         so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_sub, causal, has_lse,
         FP8: tl.constexpr, FP8_MAX: tl.constexpr, KV_DTYPE: tl.constexpr, P_SHIFT: tl.constexpr,
-        USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+        USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """Grid: (num_items * num_sub, heads per cluster)."""
@@ -155,8 +166,11 @@ if triton is not None:
                 s_q = fp8_scale_from_amax(tl.load(Amax), FP8_MAX)
                 s_k = fp8_scale_from_amax(tl.load(Amax + 1), FP8_MAX)
                 s_v = fp8_scale_from_amax(tl.load(Amax + 2), FP8_MAX)
-                q_nope = tl.clamp(tl.math.div_rn(q_nope.to(tl.float32), s_q), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
-                q_rope = tl.clamp(tl.math.div_rn(q_rope.to(tl.float32), s_q), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
+                # x * (1 / scale): may differ from x / scale in the last bit before rounding to
+                # fp8 (a tie flips in rare cases); a division per element costs ~10 instructions
+                inv_q = 1.0 / s_q
+                q_nope = tl.clamp(q_nope.to(tl.float32) * inv_q, -FP8_MAX, FP8_MAX).to(KV_DTYPE)
+                q_rope = tl.clamp(q_rope.to(tl.float32) * inv_q, -FP8_MAX, FP8_MAX).to(KV_DTYPE)
                 scale = qk_scale * s_q * s_k
             else:
                 s_v = 1.0
@@ -174,20 +188,26 @@ if triton is not None:
             else:
                 full_end = kv_end
                 hi = kv_end
-            n_full = tl.maximum(full_end - kv_start, 0) // BLOCK_N
+            # Key blocks start 16-aligned (an fp8 TMA load of the transposed v faults on the
+            # H200 when its token coordinate is not): an unaligned kv_start gets one masked
+            # "head" block at the aligned row below it, then full blocks, then masked ones.
+            base = kv_start - kv_start % 16
+            n_head = ((base < kv_start) & (hi > kv_start)).to(tl.int32)
+            base += n_head * BLOCK_N
+            n_full = tl.maximum(full_end - base, 0) // BLOCK_N
             acc, l_i, m_i = _attend_blocks(
                 acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
-                kv_start, n_full, offs_m, head, kv_end, kv_offset, scale,
+                base, n_full, base, 0, offs_m, head, kv_start, kv_end, kv_offset, scale,
                 sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, WARP_SPEC,
+                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC,
             )
-            lo = kv_start + n_full * BLOCK_N
-            n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+            lo = base + n_full * BLOCK_N
+            n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N) + n_head
             acc, l_i, m_i = _attend_blocks(
                 acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
-                lo, n_masked, offs_m, head, kv_end, kv_offset, scale,
-                sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, False,
+                lo, n_masked, kv_start - kv_start % 16, n_head, offs_m, head, kv_start, kv_end, kv_offset,
+                scale, sk_t, sk_h, sv_t, sv_h, vt_stride,
+                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False,
             )
 
             seen = l_i > 0

@@ -55,7 +55,7 @@ class TileConfig:
 
 
 #: defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements
-FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 
 
@@ -123,6 +123,9 @@ def run_prefill(
     if inputs.k.shape[0] == 0:
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
 
+    # the kernel aligns its key blocks to 16 rows, which fp8 TMA loads of v need (_load_v)
+    v_tma = use_tma
+
     bn = config.block_n
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -135,7 +138,7 @@ def run_prefill(
             vd = TensorDescriptor(v_src, [heads * tq.DV, total_k], [v_src.stride(0), 1], [tq.DV, bn])
         else:
             vd = TensorDescriptor(v_src, [total_k, heads * tq.DV], [v_src.stride(0), 1], [bn, tq.DV])
-        k_arg, kr_arg, v_arg = kd, krd, vd
+        k_arg, kr_arg, v_arg = kd, krd, (vd if v_tma else v_src)
     else:
         k_arg, kr_arg, v_arg = k_src, k_src, v_src
 
@@ -155,7 +158,7 @@ def run_prefill(
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_sub, int(plan.causal), int(lse is not None),
         FP8=inputs.fp8, FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift,
-        USE_TMA=use_tma, WARP_SPEC=config.warp_spec,
+        USE_TMA=use_tma, V_TMA=v_tma, WARP_SPEC=config.warp_spec,
         BLOCK_M=config.block_m, BLOCK_N=bn,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
