@@ -95,16 +95,18 @@ if triton is not None:
         sk_t, sk_h, sv_t, sv_h, vt_stride,
         causal, MASKED: tl.constexpr, FP8: tl.constexpr, P_SHIFT: tl.constexpr,
         BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+        ALIGN: tl.constexpr,
     ):
         """Online softmax over `n_blocks` key blocks starting at row `lo`.
 
-        MASKED: the first `n_head` (0 or 1) blocks start at `head_start` instead (the
-        16-aligned block holding an unaligned `kv_start`), the others follow from `lo`;
-        keys outside [kv_start, kv_end) and, when causal, past each row's diagonal are masked.
+        MASKED: keys at or past `kv_end` and, when causal, past each row's diagonal are
+        masked; with ALIGN the first `n_head` (0 or 1) blocks start at `head_start` instead
+        (the 16-aligned block holding an unaligned `kv_start`) and keys before `kv_start`
+        are masked too.
         """
         p_ty = q_nope.dtype
         for i in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
-            if MASKED:
+            if MASKED and ALIGN:
                 start = tl.where(i < n_head, head_start, lo + (i - n_head) * BLOCK_N)
             else:
                 start = lo + i * BLOCK_N
@@ -113,7 +115,9 @@ if triton is not None:
             s = tl.dot(q_rope, tl.trans(kr), s)
             if MASKED:
                 cols = start + tl.arange(0, BLOCK_N)
-                visible = (cols[None, :] < kv_end) & (cols[None, :] >= kv_start)
+                visible = cols[None, :] < kv_end
+                if ALIGN:
+                    visible = visible & (cols[None, :] >= kv_start)
                 visible = visible & ((cols[None, :] <= offs_m[:, None] + kv_offset) | (causal == 0))
                 s = tl.where(visible, s * qk_scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -139,7 +143,7 @@ if triton is not None:
         so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_sub, causal, has_lse,
         FP8: tl.constexpr, FP8_MAX: tl.constexpr, KV_DTYPE: tl.constexpr, P_SHIFT: tl.constexpr,
-        USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+        USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr, ALIGN: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
         """Grid: (num_items * num_sub, heads per cluster)."""
@@ -191,23 +195,29 @@ if triton is not None:
             # Key blocks start 16-aligned (an fp8 TMA load of the transposed v faults on the
             # H200 when its token coordinate is not): an unaligned kv_start gets one masked
             # "head" block at the aligned row below it, then full blocks, then masked ones.
-            base = kv_start - kv_start % 16
-            n_head = ((base < kv_start) & (hi > kv_start)).to(tl.int32)
-            base += n_head * BLOCK_N
+            # (ALIGN is set by the host only when some item starts unaligned: it costs registers)
+            if ALIGN:
+                head_start = kv_start - kv_start % 16
+                n_head = ((head_start < kv_start) & (hi > kv_start)).to(tl.int32)
+                base = head_start + n_head * BLOCK_N
+            else:
+                head_start = kv_start
+                n_head = 0
+                base = kv_start
             n_full = tl.maximum(full_end - base, 0) // BLOCK_N
             acc, l_i, m_i = _attend_blocks(
                 acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
                 base, n_full, base, 0, offs_m, head, kv_start, kv_end, kv_offset, scale,
                 sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC,
+                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC, ALIGN,
             )
             lo = base + n_full * BLOCK_N
             n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N) + n_head
             acc, l_i, m_i = _attend_blocks(
                 acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
-                lo, n_masked, kv_start - kv_start % 16, n_head, offs_m, head, kv_start, kv_end, kv_offset,
+                lo, n_masked, head_start, n_head, offs_m, head, kv_start, kv_end, kv_offset,
                 scale, sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False,
+                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False, ALIGN,
             )
 
             seen = l_i > 0

@@ -33,6 +33,10 @@ logger = logging.getLogger("mla_plugins.core.kernels.triton_kernel")
 ROCM_ARCHS = ("gfx942", "gfx950")
 
 
+#: tests set this to run the aligned-blocks path where it is not needed (the interpreter)
+_FORCE_ALIGN = False
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -123,8 +127,11 @@ def run_prefill(
     if inputs.k.shape[0] == 0:
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
 
-    # the kernel aligns its key blocks to 16 rows, which fp8 TMA loads of v need (_load_v)
+    # fp8 TMA loads of the transposed v fault unless their token coordinate is 16-aligned
+    # (_load_v): when some item starts unaligned, the kernel aligns its key blocks (ALIGN)
     v_tma = use_tma
+    starts = plan.work_info_cpu[:, 4]
+    align = bool(inputs.fp8 and v_tma and (starts % 16 != 0).any()) or _FORCE_ALIGN
 
     bn = config.block_n
     if use_tma:
@@ -158,7 +165,7 @@ def run_prefill(
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_sub, int(plan.causal), int(lse is not None),
         FP8=inputs.fp8, FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift,
-        USE_TMA=use_tma, V_TMA=v_tma, WARP_SPEC=config.warp_spec,
+        USE_TMA=use_tma, V_TMA=v_tma, WARP_SPEC=config.warp_spec, ALIGN=align,
         BLOCK_M=config.block_m, BLOCK_N=bn,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
