@@ -102,6 +102,9 @@ def sdpa_peer(q, k, v, cq, heads, backend, causal=True):
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
     bounds = cq.tolist()
     lens = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    if k.shape[0] != q.shape[0]:
+        # SDPA's is_causal is top-left aligned: no peer for a cached prefix (k_len > q_len)
+        raise ValueError("no SDPA peer for bottom-right causal with k_len > q_len")
     if backend == "flash":
         v = pad(v, (0, DQK - DV))
     if len(set(lens)) == 1:

@@ -191,16 +191,27 @@ def test_reduce_matches_torch(device):
 
 
 def test_reduce_without_final_map(device):
-    po, pl, indptr, _, pmap, tile_q = _random_partials(device, seed=3)
-    po = torch.nan_to_num(po, nan=0.0)
-    total_q, heads, dv = 3 * po.shape[0], po.shape[1], po.shape[2]
+    """AITER's rule without a final map: tile t covers rows [t * n, (t + 1) * n), n the gap
+    between its first two pieces (here tile_q: pieces of a tile in consecutive slots)."""
+    gen = torch.Generator().manual_seed(3)
+    tile_q, heads, dv, pieces = 32, 4, 128, [2, 3, 2]
+    n = sum(pieces)
+    po = torch.randn(n * tile_q, heads, dv, generator=gen).to(device)
+    pl = (torch.randn(n * tile_q, heads, generator=gen) * 3).to(device)
+    pl[tile_q + 3, 1] = float("-inf")
+    indptr = torch.tensor([0, 2, 5, 7, 7], dtype=torch.int32, device=device)  # one padding entry
+    pmap = torch.arange(n, dtype=torch.int32, device=device) * tile_q
+    total_q = 3 * tile_q + 5
     ref_out = poisoned((total_q, heads, dv), torch.bfloat16, device)
-    torch_reduce(po, pl, indptr, None, pmap, tile_q, ref_out, None)
+    ref_lse = poisoned((total_q, heads), torch.float32, device)
+    torch_reduce(po, pl, indptr, None, pmap, tile_q, ref_out, ref_lse)
     out = poisoned((total_q, heads, dv), torch.bfloat16, device)
-    mla_plugins.mla_reduce(po, pl, indptr, None, pmap, tile_q, 0, out, None, kernel="triton")
-    assert torch.equal(torch.isnan(out), torch.isnan(ref_out))
-    ok = ~torch.isnan(ref_out)
-    assert ok.any()
+    lse = poisoned((total_q, heads), torch.float32, device)
+    mla_plugins.mla_reduce(po, pl, indptr, None, pmap, tile_q, 0, out, lse, kernel="triton")
+    assert torch.equal(torch.isnan(lse), torch.isnan(ref_lse))
+    assert torch.isnan(lse[3 * tile_q:]).all(), "rows past the last tile must stay untouched"
+    ok = ~torch.isnan(ref_lse)
+    assert torch.allclose(lse[ok], ref_lse[ok], rtol=1e-5, atol=1e-5)
     assert rel_err(out[ok], ref_out[ok].double()) < 1e-2
 
 
