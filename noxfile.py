@@ -10,7 +10,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "core", "vllm", "sglang"]
+nox.options.sessions = ["lint", "core", "triton", "vllm", "sglang"]
 
 PYTHON = "3.11"
 # CPU build from the local wheel cache; an unpinned torch would pull a multi-GB CUDA build.
@@ -37,6 +37,16 @@ def core(session: nox.Session) -> None:
         session.run("mla-plugins", "check")
         return
     _pytest(session, "tests/core", "tests/gpu")
+
+
+@nox.session(python=PYTHON)
+def triton(session: nox.Session) -> None:
+    """The Triton kernels' logic on the CPU through Triton's interpreter (no GPU in CI)."""
+    session.install(TORCH)
+    # numpy 2.1: the 3.6 interpreter breaks on newer numpy's scalar conversions
+    session.install("-e", ".", "triton==3.6.0", "numpy==2.1.3", "pytest>=8", "hypothesis>=6.100")
+    session.env["TRITON_INTERPRET"] = "1"
+    _pytest(session, "tests/interpret")
 
 
 @nox.session(python=PYTHON)
