@@ -10,8 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm device")
-
 
 def reference_on_device(q, k, v, cu_seqlens_q, cu_seqlens_k, *, softmax_scale=None, causal=True,
                         heads_per_step=8):

@@ -12,9 +12,9 @@ import mla_plugins
 from mla_plugins.core.fp8 import quantize_fp8
 from mla_plugins.core.reduce import torch_reduce
 from tests.core.helpers import BF16_TOL, FP8_TOL, cu_seqlens, poisoned, random_batch
-from tests.gpu.conftest import make_inputs, reference_on_device, rel_err, requires_gpu
+from tests.gpu.conftest import make_inputs, reference_on_device, rel_err
 
-pytestmark = [requires_gpu, pytest.mark.gpu, pytest.mark.triton]
+pytestmark = [pytest.mark.gpu, pytest.mark.triton]  # skips come from tests/conftest.py
 
 CASES = {
     "edge lengths": ([0, 1, 255, 256, 257, 300], [0, 1, 255, 256, 257, 300]),
