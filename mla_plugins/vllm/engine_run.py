@@ -100,7 +100,11 @@ def run_engine(
         worker = llm.collective_rpc(worker_facts)[0]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, prompt_logprobs=1,
                                 ignore_eos=True)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        # One prompt per generate() call: requests reach the engine core one by one, so a
+        # batch of several would be cut differently from run to run, and vLLM's CPU path
+        # does not give bit-identical logits for different batchings. Alone, each prompt is
+        # cut the same way every time (chunks of max_num_batched_tokens).
+        outs = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in prompts]
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         top1 = []
         for o in outs:

