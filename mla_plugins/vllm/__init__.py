@@ -12,7 +12,12 @@ touches nothing):
       vllm serve MODEL --attention-config '{"mla_prefill_backend": "MLA_PLUGINS"}'
       vllm serve MODEL --attention-config.mla_prefill_backend MLA_PLUGINS
       LLM(model=..., attention_config={"mla_prefill_backend": "MLA_PLUGINS"})
-  (`CUSTOM` works in the same places, while no other plugin claims it).
+  (`CUSTOM` works in the same places, while no other plugin claims it). `LLM()` parses
+  attention_config before it loads plugins, so in Python the name MLA_PLUGINS needs
+  `vllm.plugins.load_general_plugins()` (or `mla_plugins.vllm.register()`) first;
+  `CUSTOM` does not. The name survives vLLM's spawned engine-core and worker processes:
+  it pickles by name and registers itself where it is unpickled.
+  vLLM's CPU platform ignores this selection: see MLA_PLUGINS_VLLM_OVERRIDE.
 - MLA_PLUGINS_VLLM_OVERRIDE=CPU[,NAME...]: our backend takes these built-in slots, for
   platforms that ignore the selection above (vLLM's CPU platform always uses its `CPU`
   prefill slot). Prefill slots: any `MLAPrefillBackendEnum` name (CPU, ZEN_CPU,

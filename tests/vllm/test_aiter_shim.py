@@ -54,9 +54,9 @@ result = {"fp8_prefill_enabled": impl._fp8_prefill_enabled,
           "bound_to_shim": impl._mla_reduce_v1 is mla_plugins.aiter_mla_reduce_v1,
           "shim_marker": getattr(AiterMLAImpl.__init__, "_mla_plugins_shim", False)}
 
-# a split plan (one sequence of 700 rows over 4 workers) and random partials
-cu = torch.tensor([0, 700], dtype=torch.int32)
-plan = mla_plugins.plan_prefill(cu, cu, num_heads=H, tile_q=TILE, num_workers=4)
+# a split plan (one sequence of 4096 rows over 3 workers) and random partials
+cu = torch.tensor([0, 4096], dtype=torch.int32)
+plan = mla_plugins.plan_prefill(cu, cu, num_heads=H, tile_q=TILE, num_workers=3)
 g = torch.Generator().manual_seed(5)
 rows = max(plan.partial_rows(), TILE)
 logits = torch.randn(rows, H, DV, generator=g)
@@ -76,8 +76,8 @@ def reference(out_like):
 
 arg_lists = {}
 for vllm_version in ("0.24", "0.25"):
-    out = torch.randn(700, H, DV, generator=g).to(torch.bfloat16)
-    final_lse = torch.full((700, H), float("nan"))
+    out = torch.randn(4096, H, DV, generator=g).to(torch.bfloat16)
+    final_lse = torch.full((4096, H), float("nan"))
     ref = reference(out)
     head = (logits, lse, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map, TILE)
     args = head + ((out, final_lse) if vllm_version == "0.24" else (0, out, final_lse))
