@@ -76,13 +76,13 @@ class PrefillPlan:
     #: host copies of the offsets, and which tensors (at which in-place version) they came
     #: from: `mla_prefill` given this plan and the same unmodified tensors skips reading them
     cu_seqlens_host: tuple[tuple[int, ...], tuple[int, ...]]
-    source: tuple[torch.Tensor, int, torch.Tensor, int]
+    source: tuple[torch.Tensor, int | None, torch.Tensor, int | None]
 
     def built_from(self, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> bool:
         """True when these are the very tensors the plan read, not modified in place since."""
         sq, vq, sk, vk = self.source
-        return (sq is cu_seqlens_q and sk is cu_seqlens_k
-                and cu_seqlens_q._version == vq and cu_seqlens_k._version == vk)
+        return (sq is cu_seqlens_q and sk is cu_seqlens_k and vq is not None and vk is not None
+                and _version(cu_seqlens_q) == vq and _version(cu_seqlens_k) == vk)
 
     @property
     def num_split_tiles(self) -> int:
@@ -104,6 +104,15 @@ class PrefillPlan:
             "workers": self.num_workers,
             "clusters": self.num_clusters,
         }
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The in-place version counter, or None for inference tensors (torch.inference_mode
+    tensors keep none, so a plan cannot vouch for them and they are read again)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _tile_order(n: int) -> list[int]:
@@ -242,5 +251,5 @@ def plan_prefill(
         num_tiles=len(tiles),
         work_info_cpu=work_info_cpu,
         cu_seqlens_host=(tuple(cq), tuple(ck)),
-        source=(cu_seqlens_q, cu_seqlens_q._version, cu_seqlens_k, cu_seqlens_k._version),
+        source=(cu_seqlens_q, _version(cu_seqlens_q), cu_seqlens_k, _version(cu_seqlens_k)),
     )

@@ -22,6 +22,7 @@ def rocm(monkeypatch):
                                        prefill_op=True, reason="fake")
     monkeypatch.setattr(aiter_kernel, "probe_aiter", lambda: status)
     monkeypatch.setattr(base, "device_kind", lambda device: "rocm")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(aiter_kernel, "device_kind", lambda device: "rocm")
     monkeypatch.setattr(aiter_kernel, "device_arch", lambda device: state["arch"])
     return state

@@ -133,3 +133,11 @@ def test_available_kernels_and_config_reasons():
                                               dtype=torch.float32, device="cpu", fp8=True)
     assert any(r.startswith("torch: dtype torch.float32") for r in reasons)
     assert ConfigInputs(1, 2, 3, torch.bfloat16, torch.device("cpu"), False).op == "config"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks about a GPU from a process without one")
+def test_config_reasons_for_an_absent_gpu():
+    """vLLM validates CUDA/ROCm configurations in processes that may see no GPU: no crash."""
+    reasons = mla_plugins.unsupported_reasons(num_heads=16, qk_head_dim=192, v_head_dim=128,
+                                              dtype=torch.bfloat16, device="cuda", fp8=True)
+    assert any("no cuda device is visible" in r for r in reasons), reasons

@@ -165,11 +165,7 @@ class Kernel:
 
     def not_supported_reasons(self, inputs: Inputs) -> list[str]:
         reasons = list(self.environment_reasons())
-        kind = device_kind(inputs.device)
-        if kind not in self.devices:
-            reasons.append(f"device {kind} not supported (supports {sorted(self.devices)})")
-        else:
-            reasons += self.device_reasons(inputs.device)
+        reasons += self._device_kind_reasons(inputs.device)
         if inputs.dtype not in self.dtypes:
             reasons.append(f"dtype {inputs.dtype} not supported (supports {_names(self.dtypes)})")
         if inputs.op != "reduce":
@@ -266,13 +262,18 @@ class Kernel:
 
     def info(self, device: torch.device) -> KernelInfo:
         reasons = list(self.environment_reasons())
-        kind = device_kind(device)
         if not reasons:
-            if kind not in self.devices:
-                reasons.append(f"device {kind} not supported (supports {sorted(self.devices)})")
-            else:
-                reasons += self.device_reasons(device)
+            reasons += self._device_kind_reasons(device)
         return KernelInfo(self.name, not reasons, reasons, self.description)
+
+    def _device_kind_reasons(self, device: torch.device) -> list[str]:
+        kind = device_kind(device)
+        if kind not in self.devices:
+            return [f"device {kind} not supported (supports {sorted(self.devices)})"]
+        if kind in ("cuda", "rocm") and not torch.cuda.is_available():
+            # asked about a GPU configuration from a process that has none (config checks)
+            return [f"no {kind} device is visible to this torch ({torch.__version__})"]
+        return self.device_reasons(device)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
