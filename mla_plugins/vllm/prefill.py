@@ -48,10 +48,8 @@ def _config_facts() -> tuple[int | None, str | None]:
 
 
 def _cu_seqlens(t: torch.Tensor) -> torch.Tensor:
-    """An int32 copy that is a normal tensor: vLLM runs the model under torch.inference_mode,
-    and the core's plan cache reads `tensor._version`, which inference tensors lack."""
-    with torch.inference_mode(False):
-        return t.to(torch.int32, copy=True)
+    """Offsets as the core wants them: int32 (vLLM's are int32 already; no copy then)."""
+    return t.to(torch.int32)
 
 
 class MLAPluginsPrefillBackend(MLAPrefillBackend):
