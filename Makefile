@@ -12,8 +12,10 @@ $(NOX):
 ## Run the main job: check every available kernel against float64, then the framework demos.
 demo: $(NOX)
 	$(NOX) -s core -- demo
+	$(NOX) -s vllm -- demo
+	$(NOX) -s sglang -- demo
 
-## Run every test session (lint, core, vllm, sglang), each in its own virtual environment.
+## Run every test session (lint, core, triton, vllm, sglang), each in its own virtual environment.
 test: $(NOX)
 	$(NOX)
 
