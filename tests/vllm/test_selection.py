@@ -88,6 +88,8 @@ def gpu_platform(request, monkeypatch):
         cap = (9, 5)
     monkeypatch.setattr(cls, "get_device_capability", classmethod(lambda c, device_id=0: DeviceCapability(*cap)))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: cap)
+    # on a GPU platform torch sees a GPU: the core answers "no cuda device visible" otherwise
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(vllm.platforms, "_current_platform", cls())
     return cls
 
