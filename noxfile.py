@@ -60,7 +60,9 @@ def vllm(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.install("-e", ".", *CORE_TEST_DEPS)
     if session.posargs[:1] == ["demo"]:
-        session.run("python", "-m", "mla_plugins.vllm.demo")
+        # vLLM's own INFO/WARNING lines (engine start-up, a tokenizer-less chat warm-up) bury
+        # the demo's table; its errors still show
+        session.run("python", "-m", "mla_plugins.vllm.demo", env={"VLLM_LOGGING_LEVEL": "ERROR"})
         return
     _pytest(session, "tests/vllm")
 
