@@ -8,24 +8,8 @@ import torch
 import mla_plugins
 from mla_plugins.core.reference import reference_attention, relative_error
 from tests.core.helpers import BF16_TOL, FP8_TOL, poisoned, random_batch
-
-CASES = {
-    "edge lengths": ([0, 1, 255, 256, 257, 300], [0, 1, 255, 256, 257, 300]),
-    "cached prefix": ([1, 200, 257], [129, 700, 513]),
-    "no key for early rows": ([300, 5], [100, 0]),
-    "single long": ([600], [600]),
-}
-
-
-def check(out, lse, ref_out, ref_lse, tol):
-    assert not torch.isnan(out).any(), "output has NaN (unwritten or invalid)"
-    assert not torch.isnan(lse).any(), "lse has NaN (unwritten or invalid)"
-    assert relative_error(out, ref_out) <= tol
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite), "rows that see no key must have lse -inf"
-    assert (lse[~finite] == float("-inf")).all()
-    assert (out[~finite] == 0).all(), "rows that see no key must output 0"
-    assert relative_error(lse[finite], ref_lse[finite]) <= tol
+from tests.core.helpers import LENGTH_CASES as CASES
+from tests.core.helpers import check_attention as check
 
 
 @pytest.mark.parametrize("case", list(CASES))
