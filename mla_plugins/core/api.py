@@ -82,6 +82,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
         fp8_dtype=fp8_dtype_for(q.device),
         max_seqlen_q=max(lens_q, default=0),
         max_seqlen_k=max(lens_k, default=0),
+        seqlens_host=(tuple(cq), tuple(ck)),
     )
 
 

@@ -23,6 +23,8 @@ piece of the tile, and the tile is merged later by the reduce.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +115,38 @@ def _version(t: torch.Tensor) -> int | None:
         return t._version
     except RuntimeError:
         return None
+
+
+_CACHE_SIZE = 16
+_cache: OrderedDict[tuple, PrefillPlan] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def cached_plan(inputs, params: dict) -> PrefillPlan:
+    """`plan_prefill` for `mla_prefill` calls without a plan, remembered by batch.
+
+    A framework calls the prefill once per layer with the same batch: the plan is built
+    on the first layer and found by its sequence lengths (already on the host) after.
+    """
+    host = inputs.seqlens_host
+    build = lambda: plan_prefill(  # noqa: E731
+        inputs.cu_seqlens_q, inputs.cu_seqlens_k, num_heads=inputs.num_heads,
+        causal=inputs.causal, **params,
+    )
+    if host is None:
+        return build()
+    key = (host, inputs.num_heads, inputs.causal, tuple(sorted(params.items())), str(inputs.device))
+    with _cache_lock:
+        plan = _cache.get(key)
+        if plan is not None:
+            _cache.move_to_end(key)
+            return plan
+    plan = build()
+    with _cache_lock:
+        _cache[key] = plan
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return plan
 
 
 def _tile_order(n: int) -> list[int]:
@@ -210,15 +244,17 @@ def plan_prefill(
         if tile_pieces:
             groups.append((q0, q1, tile_pieces))
 
-    rows: list[list[int]] = []
-    indptr = [0]
-    for c in range(clusters):
-        head_range = c * heads_per_cluster | ((c + 1) * heads_per_cluster) << 16
-        for items in per_worker:
-            rows.extend(item + [head_range] for item in items)
-            indptr.append(len(rows))
-
-    work_info_cpu = torch.tensor(rows, dtype=torch.int32).reshape(-1, 8)
+    # The clusters repeat one walk on their own heads: replicate it as tensors, not lists.
+    one = torch.tensor([item for items in per_worker for item in items], dtype=torch.int32).reshape(-1, 7)
+    counts = torch.tensor([len(items) for items in per_worker], dtype=torch.int64)
+    c = torch.arange(clusters, dtype=torch.int64)
+    head_range = (c * heads_per_cluster | ((c + 1) * heads_per_cluster) << 16).to(torch.int32)
+    work_info_cpu = torch.cat(
+        [one.repeat(clusters, 1), head_range.repeat_interleave(one.shape[0])[:, None]], dim=1
+    )
+    indptr = torch.cat(
+        [torch.zeros(1, dtype=torch.int64), (c[:, None] * one.shape[0] + counts.cumsum(0)).flatten()]
+    ).tolist()
     reduce_indptr = [0]
     partial_map: list[int] = []
     for _, _, locs in groups:

@@ -133,3 +133,22 @@ def test_plan_is_deterministic_and_reports_summary():
     b = mla_plugins.plan_prefill(cq, ck, num_heads=16, num_workers=5)
     assert torch.equal(a.work_info, b.work_info)
     assert a.summary()["tiles"] == 3 and a.summary()["pieces"] == a.num_partial_tiles
+
+
+def test_calls_without_a_plan_reuse_one_per_batch(monkeypatch):
+    """Layer after layer of one batch plans once; another batch gets its own plan."""
+    from mla_plugins.core import plan as plan_mod
+
+    built = []
+    original = plan_mod.plan_prefill
+    monkeypatch.setattr(plan_mod, "plan_prefill", lambda *a, **k: built.append(1) or original(*a, **k))
+    q, k, v, cq, ck = random_batch([300, 17], [310, 40], 2)
+    ref_out, _ = reference_attention(q, k, v, cq, ck)
+    for _ in range(3):  # fresh offset tensors each "layer", same lengths
+        out = mla_plugins.mla_prefill(q, k, v, cq.clone(), ck.clone(), fp8=False, kernel="torch")
+        assert relative_error(out, ref_out) <= BF16_TOL
+    assert len(built) == 1
+    q2, k2, v2, cq2, ck2 = random_batch([17, 300], [40, 310], 2)  # same totals, other lengths
+    out = mla_plugins.mla_prefill(q2, k2, v2, cq2, ck2, fp8=False, kernel="torch")
+    assert len(built) == 2
+    assert relative_error(out, reference_attention(q2, k2, v2, cq2, ck2)[0]) <= BF16_TOL

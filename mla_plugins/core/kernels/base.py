@@ -39,6 +39,8 @@ class PrefillInputs:
     fp8_dtype: torch.dtype
     max_seqlen_q: int
     max_seqlen_k: int
+    #: host copies of (cu_seqlens_q, cu_seqlens_k) when the caller already read them
+    seqlens_host: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     op: ClassVar[str] = "prefill"
 
     @property
@@ -207,16 +209,10 @@ class Kernel:
         A kernel with its own scheduler (AITER) overrides this; the others implement
         `prefill` and `reduce` on the core's plan.
         """
-        from ..plan import plan_prefill
+        from ..plan import cached_plan
 
         if plan is None:
-            plan = plan_prefill(
-                inputs.cu_seqlens_q,
-                inputs.cu_seqlens_k,
-                num_heads=inputs.num_heads,
-                causal=inputs.causal,
-                **self.plan_params(inputs),
-            )
+            plan = cached_plan(inputs, self.plan_params(inputs))
         rows = plan.partial_rows()
         heads, dv = inputs.num_heads, inputs.head_dim_v
         partial_out = torch.empty((rows, heads, dv), dtype=torch.float32, device=inputs.device)

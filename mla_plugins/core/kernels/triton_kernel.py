@@ -249,8 +249,7 @@ class TritonKernel(Kernel):
     def plan_params(self, inputs: PrefillInputs) -> dict:
         config = FP8_CONFIG if inputs.fp8 else BF16_CONFIG
         tile_q = config.block_m
-        cq = inputs.cu_seqlens_q.tolist()
-        ck = inputs.cu_seqlens_k.tolist()
+        cq, ck = inputs.seqlens_host or (inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist())
         q_lens = [b - a for a, b in zip(cq, cq[1:], strict=False)]
         k_lens = [b - a for a, b in zip(ck, ck[1:], strict=False)]
         sms = default_num_workers(inputs.device)
