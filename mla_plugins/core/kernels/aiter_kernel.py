@@ -16,7 +16,7 @@ import torch
 
 from ..aiter import REDUCE_HEADS_DV128, aiter_mla_reduce_v1, probe_aiter
 from ..device import device_arch, device_kind
-from ..fp8 import quantize_fp8
+from ..fp8 import dequantize_fp8, quantize_fp8
 from .base import Inputs, Kernel, PrefillInputs, ReduceInputs
 
 logger = logging.getLogger("mla_plugins.kernels.aiter")
@@ -136,10 +136,16 @@ class AiterKernel(Kernel):
             out.copy_(target[:, :heads])
         if lse is not None:
             lse.copy_(final_lse[:, :heads])
-            self._fill_unsplit_lse(inputs, lse)
+            # zero-padded heads leave the amax alone: these are exactly q's and k's fp8 values
+            self._fill_unsplit_lse(inputs, lse, (q8[:, :heads], q_scale), (k8[:, :heads], k_scale))
 
     @staticmethod
-    def _fill_unsplit_lse(inputs: PrefillInputs, lse: torch.Tensor) -> None:
+    def _fill_unsplit_lse(
+        inputs: PrefillInputs,
+        lse: torch.Tensor,
+        q_fp8: tuple[torch.Tensor, torch.Tensor],
+        k_fp8: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
         """AITER's reduce writes lse only for split tiles: compute the rest (NaN marks them).
 
         A per-sequence logsumexp of the scores on the dequantized operands; costs one QK^T
@@ -149,10 +155,8 @@ class AiterKernel(Kernel):
         if not bool(missing.any()):
             return
         logger.debug("computing lse for %d rows AITER left unwritten", int(missing.any(-1).sum()))
-        q = quantize_fp8(inputs.q, inputs.fp8_dtype)
-        k = quantize_fp8(inputs.k, inputs.fp8_dtype)
-        qf, kf = q[0].float() * q[1], k[0].float() * k[1]
-        cq, ck = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
+        qf, kf = dequantize_fp8(*q_fp8), dequantize_fp8(*k_fp8)
+        cq, ck = inputs.seqlens_host or (inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist())
         for b in range(len(cq) - 1):
             rows = missing[cq[b] : cq[b + 1]].any(-1).nonzero().flatten()
             if rows.numel() == 0:
