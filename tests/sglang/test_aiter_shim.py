@@ -4,7 +4,7 @@ Path tested: SGLang 0.5.23's real `sglang.srt.layers.attention.aiter_backend` mo
 real `AiterAttnBackend._mla_fp8_prefill_attn_ps` (the 9-argument call, 0.5.15+), plus the
 exact 8-argument list 0.5.12 passes, through the module attribute the shim rebinds.
 
-The fakes (`mla_plugins.core.testing.fake_aiter`) carry AITER's legacy and num_kv_splits
+The fakes (`tests.fakes.fake_aiter`) carry AITER's legacy and num_kv_splits
 torch-op schemas and the FP8 prefill trio; they lack AITER's other kernels, so the module's
 `from aiter import (...)` falls into its ImportError branch. The test then binds the four
 names that import would have bound (the prefill trio and `mla_reduce_v1`) from the fake, as
@@ -23,7 +23,7 @@ import pytest
 
 SCRIPT = """
 import json, sys, types, torch
-from mla_plugins.core.testing import fake_aiter
+from tests.fakes import fake_aiter
 fake_aiter.install(sys.argv[1], sys.argv[2])
 import aiter
 import mla_plugins

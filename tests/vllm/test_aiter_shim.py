@@ -22,7 +22,7 @@ SCRIPT = r"""
 import json, logging, sys, types
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
 import torch
-from mla_plugins.core.testing import fake_aiter
+from tests.fakes import fake_aiter
 
 dest = fake_aiter.write_package(sys.argv[1], sys.argv[2])
 with open(dest / "aiter" / "__init__.py", "a") as f:  # the two other names vLLM imports

@@ -1,7 +1,7 @@
 """End to end: vLLM's real multi-process engine (engine core + worker, spawned) on a tiny
 random DeepSeek-V2, our prefill vs vLLM's built-in CPU prefill.
 
-One subprocess runs `python -m mla_plugins.vllm.demo --json` (three engines: built-in
+One subprocess runs `python -m mla_plugins.demo.vllm_demo --json` (three engines: built-in
 bf16, ours bf16 selected by the name MLA_PLUGINS, ours fp8 selected as CUSTOM); every
 test below reads its results, so the engines start once (about a minute each here).
 """
@@ -20,7 +20,7 @@ from .conftest import REPO, run_python
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "mla_plugins.vllm.demo", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "mla_plugins.demo.vllm_demo", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(out.read_text())

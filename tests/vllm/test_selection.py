@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mla_plugins.vllm import register
-from mla_plugins.vllm.tiny_model import build_tiny_deepseek_v2
+from mla_plugins.demo.tiny_model import build_tiny_deepseek_v2
 
 OURS = "MLAPluginsPrefillBackend"
 

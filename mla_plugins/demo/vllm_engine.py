@@ -1,6 +1,6 @@
 """Run vLLM's real multi-process engine on the tiny model, with our prefill or vLLM's own.
 
-Used by the demo (`python -m mla_plugins.vllm.demo`) and the end-to-end tests. Everything
+Used by the demo (`python -m mla_plugins.demo.vllm_demo`) and the end-to-end tests. Everything
 vLLM-side is stock: `LLM(...)` spawns its engine-core and worker processes, and our
 `register()` reaches them through the entry point. The only knobs are environment
 variables the children inherit (set before each engine starts):

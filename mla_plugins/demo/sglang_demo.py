@@ -1,4 +1,4 @@
-"""SGLang part of `make demo`: `python -m mla_plugins.sglang.demo` (run by `nox -s sglang -- demo`).
+"""SGLang part of `make demo`: `python -m mla_plugins.demo.sglang_demo` (run by `nox -s sglang -- demo`).
 
 1. SGLang's own `load_plugins()` discovers the `mla_plugins` entry point (fresh process).
 2. SGLang's CLI accepts `--prefill-attention-backend mla_plugins` once the plugin loaded.

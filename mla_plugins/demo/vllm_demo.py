@@ -1,6 +1,6 @@
 """vLLM demo: a tiny random DeepSeek-V2 through vLLM's real engine, our MLA prefill vs vLLM's.
 
-    python -m mla_plugins.vllm.demo [--json FILE]
+    python -m mla_plugins.demo.vllm_demo [--json FILE]
 
 Builds the checkpoint in a temp dir (nothing downloads), then runs `LLM.generate` three
 times, each in a fresh multi-process engine (engine core + worker, spawned):
@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .engine_run import make_prompts, run_engine, top1_agreement, trace_summary
+from .vllm_engine import make_prompts, run_engine, top1_agreement, trace_summary
 from .tiny_model import build_tiny_deepseek_v2
 
-logger = logging.getLogger("mla_plugins.vllm.demo")
+logger = logging.getLogger("mla_plugins.demo.vllm_demo")
 
 
 def run_all(workdir: Path) -> dict:
@@ -81,7 +81,7 @@ def _report(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mla_plugins.vllm.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mla_plugins.demo.vllm_demo", description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the full results to this file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)

@@ -60,7 +60,7 @@ VARIANTS = {
 BROKEN_ERROR = "libamdhip64.so.6: cannot open shared object file: No such file or directory"
 
 _AMD_INIT = '''\
-"""Fake AMD AITER ({dist} {version}) written by mla_plugins.core.testing.fake_aiter."""
+"""Fake AMD AITER ({dist} {version}) written by tests.fakes.fake_aiter."""
 import torch
 
 from mla_plugins.core.reduce import torch_reduce
@@ -93,7 +93,7 @@ def mla_reduce_v1(*args, **kwargs):
 
 from . import ops  # noqa: E402,F401  (aiter.ops.attention, as the real package)
 
-from mla_plugins.core.testing.fake_aiter import (  # noqa: E402,F401
+from tests.fakes.fake_aiter import (  # noqa: E402,F401
     get_ps_metadata_info_v1,
     get_ps_metadata_v1,
     mla_prefill_ps_asm_fwd,
