@@ -25,7 +25,7 @@ MLA_DIMS = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128
 
 def tiny_deepseek_v2_config(
     *, num_layers: int = 2, hidden: int = 256, num_heads: int = 4, vocab: int = 1024,
-    max_positions: int = 4096,
+    max_positions: int = 4096, rope_scaling: dict | None = None,
 ) -> dict:
     """The config.json dict of the tiny model."""
     return {
@@ -54,7 +54,7 @@ def tiny_deepseek_v2_config(
         "max_position_embeddings": max_positions,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "rope_scaling": None,
+        "rope_scaling": rope_scaling,
         "attention_bias": False,
         "tie_word_embeddings": False,
         "bos_token_id": 0,
