@@ -6,6 +6,7 @@ from .kernels import hookimpl
 from .kernels.base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
 from .plan import PrefillPlan, plan_prefill
 from .registry import KernelNotSupportedError, get_registry
+from .settings import flag as env_flag
 from .settings import fp8_requested, shim_enabled
 from .trace import trace_context
 
@@ -19,6 +20,7 @@ __all__ = [
     "ReduceInputs",
     "aiter_mla_reduce_v1",
     "available_kernels",
+    "env_flag",
     "fp8_requested",
     "get_registry",
     "hookimpl",

@@ -10,14 +10,24 @@ from .device import fp8_dtype_for
 from .kernels.base import ConfigInputs, KernelInfo, PrefillInputs, ReduceInputs
 from .plan import PrefillPlan
 from .registry import get_registry
+from .settings import pinned_kernel
 from .trace import record_prefill
 from .validation import (
     FLOAT_DTYPES,
+    MAX_NUM_HEADS,
+    MAX_TILE_Q,
+    check_bool,
     check_cu_seqlens,
+    check_device,
+    check_dims_positive,
+    check_dtype,
     check_nonnegative_int,
+    check_not_meta,
     check_positive_int,
+    check_reduce_maps,
     check_same_device,
     check_tensor,
+    check_writable_layout,
 )
 
 
@@ -164,13 +174,20 @@ def mla_reduce(
     final_lse: torch.Tensor | None = None,
     *,
     kernel: str = "auto",
+    validate: bool | None = None,
 ) -> None:
     """Merge split-KV pieces by log-sum-exp, in place (AITER's post-#3391 argument order).
 
     partial_out: fp32 [P, H, Dv], partial_lse: fp32 [P, H], reduce_indptr: int32 [T+1],
     reduce_final_map: int32 [T, 2] (q_start, q_end) or None, reduce_partial_map: int32 [n]
     (first partial row of each piece), out: [total_q, H, Dv] bf16/fp16, final_lse: fp32
-    [total_q, H] or None. num_kv_splits >= 0 bounds the pieces per tile (0 = kernel default).
+    [total_q, H] or None. Tiles have at most `tile_q` rows.
+    num_kv_splits >= 0 is accepted for AITER's signature (AITER sizes its kernel's
+    per-tile scratch with it; 0 = its default); the torch and Triton reduces do not read it.
+
+    The index values of the maps (offsets, output rows, partial rows) are checked when the
+    maps are on the host; for maps on a GPU that would cost a device read, so they are
+    checked only with `validate=True` (`validate=False` skips the check everywhere).
     """
     check_tensor("partial_out", partial_out, ndim=3, dtypes=(torch.float32,))
     check_tensor("partial_lse", partial_lse, ndim=2, dtypes=(torch.float32,))
@@ -181,12 +198,16 @@ def mla_reduce(
     check_tensor("out", out, ndim=3, dtypes=FLOAT_DTYPES)
     if final_lse is not None:
         check_tensor("final_lse", final_lse, ndim=2, dtypes=(torch.float32,))
-    check_positive_int("tile_q", tile_q)
+    check_positive_int("tile_q", tile_q, maximum=MAX_TILE_Q)
     check_nonnegative_int("num_kv_splits", num_kv_splits)
+    if validate is not None:
+        check_bool("validate", validate)
+    check_not_meta("out", out)
     check_same_device(
         "out", out, partial_out=partial_out, partial_lse=partial_lse, reduce_indptr=reduce_indptr,
         reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map, final_lse=final_lse,
     )
+    check_dims_positive("out", out, {1: "heads", 2: "value head dim"})
     heads, dv = out.shape[1], out.shape[2]
     if tuple(partial_out.shape[1:]) != (heads, dv):
         raise ValueError(
@@ -209,10 +230,18 @@ def mla_reduce(
         )
     if final_lse is not None and tuple(final_lse.shape) != tuple(out.shape[:2]):
         raise ValueError(f"final_lse: found {tuple(final_lse.shape)}, expected {tuple(out.shape[:2])}")
-    if out.stride(-1) != 1:
-        raise ValueError(f"out: found strides {out.stride()}, expected a unit stride in the last dim")
+    check_writable_layout("out", out)
+    if final_lse is not None:
+        check_writable_layout("final_lse", final_lse)
     if reduce_final_map is not None and reduce_final_map.shape[0] > reduce_indptr.numel() - 1:
         reduce_final_map = reduce_final_map[: reduce_indptr.numel() - 1]
+    if validate if validate is not None else out.device.type == "cpu":
+        check_reduce_maps(
+            reduce_indptr.cpu(),
+            None if reduce_final_map is None else reduce_final_map.cpu(),
+            reduce_partial_map.cpu(),
+            tile_q=tile_q, partial_rows=partial_out.shape[0], total_q=out.shape[0],
+        )
     inputs = ReduceInputs(
         partial_out=partial_out.contiguous(),
         partial_lse=partial_lse.contiguous(),
@@ -231,7 +260,7 @@ def available_kernels(device: torch.device | str | None = None) -> list[KernelIn
     """Every registered kernel, whether it can run on `device` (default: cuda if present) and why not."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return get_registry().infos(torch.device(device))
+    return get_registry().infos(check_device("device", device))
 
 
 def unsupported_reasons(
@@ -244,11 +273,27 @@ def unsupported_reasons(
     fp8: bool,
     kernel: str = "auto",
 ) -> list[str]:
-    """[] when some kernel (or the named one) can run this configuration, else every reason."""
-    inputs = ConfigInputs(num_heads, qk_head_dim, v_head_dim, dtype, torch.device(device), fp8)
+    """[] when some kernel (or the named one) can run this configuration, else every reason.
+
+    `kernel="auto"` follows MLA_PLUGINS_KERNEL when it pins a kernel, as `mla_prefill` does.
+    Arguments of the wrong type or out of range raise TypeError/ValueError naming them.
+    """
+    check_positive_int("num_heads", num_heads, maximum=MAX_NUM_HEADS)
+    check_positive_int("qk_head_dim", qk_head_dim)
+    check_positive_int("v_head_dim", v_head_dim)
+    check_dtype("dtype", dtype)
+    torch_device = check_device("device", device)
+    check_bool("fp8", fp8)
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel: found {type(kernel).__name__}, expected a kernel name (str)")
+    inputs = ConfigInputs(num_heads, qk_head_dim, v_head_dim, dtype, torch_device, fp8)
     registry = get_registry()
+    source = "kernel"
+    if kernel == "auto" and pinned_kernel() is not None:
+        kernel, source = pinned_kernel(), "MLA_PLUGINS_KERNEL"
     if kernel != "auto":
-        return [f"{kernel}: {r}" for r in registry.get(kernel).not_supported_reasons(inputs)]
+        chosen = registry.get(kernel, source=source)
+        return [f"{kernel}: {r}" for r in registry.reasons(chosen, inputs)]
     rejections = registry.rejections(inputs)
     if any(not r for r in rejections.values()):
         return []

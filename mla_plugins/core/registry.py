@@ -4,6 +4,12 @@
 why the others did not: silent fallback. A pinned kernel (`kernel="triton"` or
 MLA_PLUGINS_KERNEL=triton) that cannot run them raises one error listing every reason:
 loud failure on request.
+
+Third-party plugins are isolated from each other and from the built-ins: a plugin that
+fails to import, whose hook raises or returns something else than a list of kernels, loses
+its own kernels only (`load_errors`, one warning); a capability check that raises becomes
+that kernel's rejection reason, naming its plugin; a third-party kernel cannot take the
+name of a built-in one.
 """
 
 from __future__ import annotations
@@ -31,18 +37,22 @@ class KernelNotSupportedError(ValueError):
     """No kernel (or not the pinned one) can run the given inputs; the message lists why."""
 
 
+BUILTIN_PLUGIN = "builtin"
+
+
 class KernelRegistry:
     def __init__(self, *, load_entry_points: bool = True) -> None:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         from . import kernels as builtins
 
-        self._pm.register(builtins, name="builtin")
-        #: entry point name -> error text, for plugins that failed to load
-        self.load_errors: dict[str, str] = {}
+        self._pm.register(builtins, name=BUILTIN_PLUGIN)
+        self._load_errors: dict[str, str] = {}
         if load_entry_points:
             self._load_entry_points()
         self._kernels: list[Kernel] | None = None
+        #: kernel name -> name of the plugin that provided it
+        self._providers: dict[str, str] = {}
         self._logged: set[tuple] = set()
 
     def _load_entry_points(self) -> None:
@@ -51,34 +61,103 @@ class KernelRegistry:
                 continue
             try:
                 self._pm.register(ep.load(), name=ep.name)
-            except Exception as exc:  # a broken third-party plugin must not take the built-ins down
-                self.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
-                logger.warning("kernel plugin %r (%s) failed to load: %s", ep.name, ep.value, exc)
+            except (Exception, SystemExit) as exc:  # the built-ins are registered already
+                self._plugin_failed(ep.name, f"failed to load ({ep.value})", exc)
+
+    @property
+    def load_errors(self) -> dict[str, str]:
+        """Plugin name -> error text, for plugins that failed to load or whose hook failed."""
+        self.kernels()
+        return self._load_errors
+
+    def _plugin_failed(self, plugin: str, what: str, exc: BaseException | str) -> None:
+        text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        self._load_errors[plugin] = text
+        logger.warning("kernel plugin %r %s: %s; its kernels are not used", plugin, what, text)
 
     def register(self, plugin, name: str | None = None) -> None:
         """Register a plugin object (module or instance with `mla_plugins_kernels`)."""
         self._pm.register(plugin, name=name)
         self._kernels = None
 
+    def _collect(self) -> dict[str, Kernel]:
+        """Call each plugin's hook on its own, so that one plugin that raises or returns
+        something else than a list of kernels loses only its own kernels. The built-ins are
+        collected first and their names cannot be taken; among third-party plugins the first
+        registered keeps a name."""
+        impls = self._pm.hook.mla_plugins_kernels.get_hookimpls()
+        impls.sort(key=lambda impl: impl.plugin_name != BUILTIN_PLUGIN)  # stable
+        found: dict[str, Kernel] = {}
+        self._providers = {}
+        for impl in impls:
+            plugin = impl.plugin_name
+            try:
+                batch = impl.function()
+            except (Exception, SystemExit) as exc:
+                self._plugin_failed(plugin, "raised in mla_plugins_kernels()", exc)
+                continue
+            if batch is None:
+                continue
+            if not isinstance(batch, (list, tuple)):
+                self._plugin_failed(
+                    plugin, "returned no list from mla_plugins_kernels()",
+                    f"found {type(batch).__name__} {batch!r:.80}, expected a list of "
+                    "mla_plugins.Kernel instances",
+                )
+                continue
+            for kernel in batch:
+                problem = _kernel_problem(kernel)
+                if problem:
+                    self._plugin_failed(plugin, "returned an unusable kernel", problem)
+                    continue
+                if kernel.name in found:
+                    owner = self._providers[kernel.name]
+                    logger.warning(
+                        "kernel plugin %r provides kernel name %r, which %s already provides; "
+                        "keeping %s", plugin, kernel.name,
+                        "mla-plugins" if owner == BUILTIN_PLUGIN else f"plugin {owner!r}",
+                        "the built-in" if owner == BUILTIN_PLUGIN else "the first",
+                    )
+                    continue
+                found[kernel.name] = kernel
+                self._providers[kernel.name] = plugin
+        return found
+
     def kernels(self) -> list[Kernel]:
         if self._kernels is None:
-            found: dict[str, Kernel] = {}
-            for batch in self._pm.hook.mla_plugins_kernels():
-                for kernel in batch or []:
-                    if kernel.name in found:
-                        logger.warning("kernel name %r is provided twice; keeping the first", kernel.name)
-                        continue
-                    found[kernel.name] = kernel
+            found = self._collect()
             self._kernels = sorted(found.values(), key=lambda k: (k.priority, k.name))
         return self._kernels
 
-    def get(self, name: str) -> Kernel:
+    def provider(self, kernel: Kernel) -> str:
+        """Name of the plugin that provided `kernel` ('builtin' for mla-plugins' own)."""
+        self.kernels()
+        return self._providers.get(kernel.name, "?")
+
+    def reasons(self, kernel: Kernel, inputs: Inputs) -> list[str]:
+        """`kernel.not_supported_reasons(inputs)`, where a check that raises or answers
+        something else than a list of strings is itself the reason (naming the plugin)."""
+        try:
+            reasons = kernel.not_supported_reasons(inputs)
+        except (Exception, SystemExit) as exc:
+            return [
+                f"its capability check raised {type(exc).__name__}: {exc} (kernel plugin "
+                f"{self.provider(kernel)!r}; fix or uninstall that plugin)"
+            ]
+        if not isinstance(reasons, (list, tuple)) or not all(isinstance(r, str) for r in reasons):
+            return [
+                f"its capability check returned {reasons!r:.80}, expected a list of str "
+                f"(kernel plugin {self.provider(kernel)!r})"
+            ]
+        return list(reasons)
+
+    def get(self, name: str, *, source: str = "kernel") -> Kernel:
         for kernel in self.kernels():
             if kernel.name == name:
                 return kernel
         known = ", ".join(k.name for k in self.kernels())
         raise KernelNotSupportedError(
-            f"kernel: found {name!r}, expected 'auto' or one of: {known}"
+            f"{source}: found {name!r}, expected 'auto' or one of: {known}"
         )
 
     def select(self, inputs: Inputs, kernel: str = "auto") -> Kernel:
@@ -86,8 +165,8 @@ class KernelRegistry:
             raise TypeError(f"kernel: found {type(kernel).__name__}, expected a kernel name (str)")
         name = kernel if kernel != "auto" else (pinned_kernel() or "auto")
         if name != "auto":
-            chosen = self.get(name)
-            reasons = chosen.not_supported_reasons(inputs)
+            chosen = self.get(name, source="kernel" if kernel != "auto" else "MLA_PLUGINS_KERNEL")
+            reasons = self.reasons(chosen, inputs)
             if reasons:
                 source = "kernel=" if kernel != "auto" else "MLA_PLUGINS_KERNEL="
                 raise KernelNotSupportedError(
@@ -98,7 +177,7 @@ class KernelRegistry:
             return chosen
         rejected: dict[str, list[str]] = {}
         for candidate in self.kernels():
-            reasons = candidate.not_supported_reasons(inputs)
+            reasons = self.reasons(candidate, inputs)
             if not reasons:
                 self._log_choice(inputs, candidate, rejected)
                 return candidate
@@ -110,7 +189,7 @@ class KernelRegistry:
 
     def rejections(self, inputs: Inputs) -> dict[str, list[str]]:
         """Every kernel's reasons against `inputs` ([] for the ones that can run them)."""
-        return {k.name: k.not_supported_reasons(inputs) for k in self.kernels()}
+        return {k.name: self.reasons(k, inputs) for k in self.kernels()}
 
     def _log_choice(self, inputs: Inputs, chosen: Kernel, rejected: dict[str, list[str]]) -> None:
         key = (inputs.op, chosen.name, describe(inputs))
@@ -120,7 +199,31 @@ class KernelRegistry:
         logger.log(level, "%s: using kernel %r for %s (skipped: %s)", inputs.op, chosen.name, describe(inputs), skipped)
 
     def infos(self, device) -> list[KernelInfo]:
-        return [k.info(device) for k in self.kernels()]
+        infos = []
+        for k in self.kernels():
+            try:
+                info = k.info(device)
+            except (Exception, SystemExit) as exc:
+                info = KernelInfo(
+                    k.name, False,
+                    [f"its info() raised {type(exc).__name__}: {exc} (kernel plugin "
+                     f"{self.provider(k)!r})"],
+                )
+            infos.append(info)
+        return infos
+
+
+def _kernel_problem(kernel) -> str | None:
+    """Why `kernel` cannot be registered, or None."""
+    if not isinstance(kernel, Kernel):
+        return f"found {type(kernel).__name__} {kernel!r:.80}, expected an mla_plugins.Kernel instance"
+    name = getattr(kernel, "name", None)
+    if not isinstance(name, str) or not name.strip() or name == "auto":
+        return f"found kernel name {name!r}, expected a non-empty str other than 'auto'"
+    priority = getattr(kernel, "priority", None)
+    if isinstance(priority, bool) or not isinstance(priority, (int, float)):
+        return f"kernel {name!r}: found priority {priority!r}, expected a number"
+    return None
 
 
 def describe(inputs: Inputs) -> str:

@@ -1,21 +1,44 @@
 """Environment variables, read at call time so a test or a framework process can set them late.
 
-MLA_PLUGINS_KERNEL   pin a kernel by name for every call that says kernel="auto"
-MLA_PLUGINS_FP8      1 forces FP8 prefill in the framework adapters, 0 forces bf16/fp16
-MLA_PLUGINS_SHIM     0 leaves the frameworks' built-in AITER call sites untouched
-MLA_PLUGINS_TRACE    file that every process appends one JSON line per prefill call to
+MLA_PLUGINS_KERNEL                    pin a kernel by name for every call that says kernel="auto"
+MLA_PLUGINS_FP8                       on forces FP8 prefill in the framework adapters, off forces
+                                      bf16/fp16; unset: fp8 iff the KV cache is fp8
+MLA_PLUGINS_SHIM                      off leaves the frameworks' built-in AITER call sites untouched
+MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL  vLLM: on keeps chunked prefill for MLA models on the CPU
+MLA_PLUGINS_TRACE                     file that every process appends one JSON line per prefill to
+
+Every on/off variable is parsed here, by `flag`, with the same spellings (1/0, true/false,
+yes/no, on/off, any case, surrounding blanks ignored; unset or empty = the default). Any
+other value logs one warning per process and variable and counts as the default: these
+variables are read inside framework processes that did not necessarily select us, where
+an exception would become a traceback in someone else's start-up.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+logger = logging.getLogger("mla_plugins.settings")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+SPELLINGS = "1/0, true/false, yes/no, on/off"
+
+#: every on/off variable and its default (None: unset means "decide from the context")
+FLAGS: dict[str, bool | None] = {
+    "MLA_PLUGINS_FP8": None,
+    "MLA_PLUGINS_SHIM": True,
+    "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
+}
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
 
 
-def _flag(name: str) -> bool | None:
-    raw = os.environ.get(name)
+def parse_flag(raw: str | None) -> bool | None:
+    """True/False for a known spelling, None for unset/empty; raises ValueError otherwise."""
     if raw is None or raw.strip() == "":
         return None
     value = raw.strip().lower()
@@ -23,7 +46,28 @@ def _flag(name: str) -> bool | None:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{name}: found {raw!r}, expected one of 1/0, true/false, yes/no, on/off")
+    raise ValueError(f"found {raw!r}, expected one of {SPELLINGS}")
+
+
+def flag(name: str, default: bool | None = None) -> bool | None:
+    """The on/off variable `name`: its value, or `default` when unset, empty or unreadable.
+
+    An unreadable value (e.g. "maybe") logs one warning per process and value, and never
+    raises: these are read inside framework processes.
+    """
+    raw = os.environ.get(name)
+    try:
+        value = parse_flag(raw)
+    except ValueError as exc:
+        key = (name, raw or "")
+        with _warned_lock:
+            first = key not in _warned
+            _warned.add(key)
+        if first:
+            meaning = {True: "on", False: "off", None: "unset"}[default]
+            logger.warning("mla-plugins: %s: %s; treating it as %s", name, exc, meaning)
+        return default
+    return default if value is None else value
 
 
 def pinned_kernel() -> str | None:
@@ -34,15 +78,22 @@ def pinned_kernel() -> str | None:
 
 def fp8_requested(kv_cache_dtype: str | None = None) -> bool:
     """The adapters' fp8 rule: MLA_PLUGINS_FP8 decides when set, else an fp8 KV cache does."""
-    forced = _flag("MLA_PLUGINS_FP8")
+    forced = flag("MLA_PLUGINS_FP8", FLAGS["MLA_PLUGINS_FP8"])
     if forced is not None:
         return forced
     return bool(kv_cache_dtype) and str(kv_cache_dtype).startswith("fp8")
 
 
 def shim_enabled() -> bool:
-    """False only when MLA_PLUGINS_SHIM=0 (or false/no/off)."""
-    return _flag("MLA_PLUGINS_SHIM") is not False
+    """False only when MLA_PLUGINS_SHIM is off (0/false/no/off)."""
+    return bool(flag("MLA_PLUGINS_SHIM", FLAGS["MLA_PLUGINS_SHIM"]))
+
+
+def cpu_chunked_prefill_requested() -> bool:
+    """vLLM adapter: True when MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL is on."""
+    return bool(
+        flag("MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL", FLAGS["MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL"])
+    )
 
 
 def trace_path() -> str | None:

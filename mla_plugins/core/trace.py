@@ -17,6 +17,10 @@ from .settings import trace_path
 
 logger = logging.getLogger("mla_plugins.trace")
 
+#: trace paths already warned about: a prefill runs once per layer, so an unwritable path
+#: would otherwise warn dozens of times per forward
+_warned_paths: set[str] = set()
+
 _context: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
     "mla_plugins_trace", default=None
 )
@@ -56,4 +60,9 @@ def record_prefill(*, kernel: str, fp8: bool, q_tokens: int, k_tokens: int, head
         finally:
             os.close(fd)
     except OSError as exc:  # tracing must never break a prefill
-        logger.warning("MLA_PLUGINS_TRACE=%s: cannot append (%s)", path, exc)
+        if path not in _warned_paths:
+            _warned_paths.add(path)
+            logger.warning(
+                "MLA_PLUGINS_TRACE=%s: cannot append (%s); prefill calls are not traced in this "
+                "process (warned once; point MLA_PLUGINS_TRACE at a writable file)", path, exc,
+            )

@@ -112,9 +112,8 @@ def test_settings_flags(monkeypatch):
     assert mla_plugins.fp8_requested("auto")
     monkeypatch.setenv("MLA_PLUGINS_FP8", "0")
     assert not mla_plugins.fp8_requested("fp8")
-    monkeypatch.setenv("MLA_PLUGINS_FP8", "maybe")
-    with pytest.raises(ValueError, match="MLA_PLUGINS_FP8: found 'maybe'"):
-        mla_plugins.fp8_requested()
+    monkeypatch.setenv("MLA_PLUGINS_FP8", "maybe")  # warns (tests/core/test_hardening_env.py)
+    assert mla_plugins.fp8_requested("fp8") and not mla_plugins.fp8_requested("auto")
     assert mla_plugins.shim_enabled()
     monkeypatch.setenv("MLA_PLUGINS_SHIM", "0")
     assert not mla_plugins.shim_enabled()
