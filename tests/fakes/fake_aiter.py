@@ -1,211 +1,178 @@
-"""Faithful fake AMD AITER packages, for machines without a ROCm GPU.
+"""Fake AMD AITER packages, written from ROCm/aiter's source, for machines without a ROCm GPU.
 
-`write_package(dest, variant)` writes an importable `aiter` package (plus its
-distribution metadata) under `dest`; put `dest` on sys.path / PYTHONPATH of a fresh
-process. Importing it registers `aiter::mla_reduce_v1` with torch.library using the exact
-schema of the AITER release it stands for, and a module-level `mla_reduce_v1(*args,
-**kwargs)` that forwards to the torch op as AITER's `compile_ops` wrapper does, so a
-wrong-convention call fails with AITER's real error text.
+`write_package(dest, variant)` writes a self-contained `aiter` package (it imports only
+torch; nothing from mla_plugins or tests) plus its distribution metadata under `dest`; put
+`dest` first on sys.path / PYTHONPATH of a FRESH process (torch ops register once per
+process). `install(dest, variant)` does both for the current process.
 
-The AMD variants also carry the FP8 prefill trio with AITER's signatures:
-`get_ps_metadata_info_v1` returns (shape, dtype) pairs sized by AITER's formulas,
-`get_ps_metadata_v1` fills the buffers (mla-plugins' planner, AITER's format, reduce_indptr
-padded at the end as AITER pads it), and `mla_prefill_ps_asm_fwd` checks fp8 inputs and a
-bf16 output, then runs the work items, writing unsplit tiles to `output` and pieces to
-`splitData`/`splitLse`, and, like AITER, no lse for unsplit rows.
+What `import aiter` does in the fake, as in AITER (aiter/__init__.py, jit/core.py::compile_ops,
+jit/utils/torch_guard.py::torch_compile_guard):
+- registers `torch.ops.aiter.mla_reduce_v1`, `.get_ps_metadata_v1` and
+  `.mla_prefill_ps_asm_fwd` with the schema `torch.library.infer_schema(...,
+  mutates_args="unknown")` gives AITER's own stubs, alias annotations included
+  (`Tensor(a0!) partial_output, ...`); `aiter.<op>` is a `(*args, **kwargs)` forwarder to the
+  torch op, so a wrong call fails with torch's real error text;
+- registers nothing with `AITER_AOT_IMPORT=1`, nor with `AITER_TRITON_ONLY=1` on variants of
+  v0.1.16 and later (v0.1.15.x has no such switch and ignores it).
 
-What the fakes do NOT reproduce (the real kernels add them): the asm and HIP kernels'
-numerics, the reduce's LDS sizing (`max(cu_num, num_kv_splits)` splits per tile), its +inf
-lse for rows whose pieces are all -inf, the (H, Dv) router that rejects unsupported head
-counts, AITER's own tile ordering, and the gfx950-only check of the prefill.
+The kernels (tests/fakes/aiter_src/aiter/_kernels.py, which cites file:line):
+- `get_ps_metadata_v1` runs v1_2_host.cuh as written: tiles of qlen_granularity rows in
+  ping-pong order, items per KV head (q_head_range one head wide for MHA), an equal unit
+  quota per CU, `kv_offset` = tokens left after a piece (0 for an item that ends its tile),
+  `kv_end` rounded up to kvlen_granularity and clamped to the sequence end, reduce groups
+  sorted by (qo_start, qo_end), buffer tails zeroed, `reduce_indptr` padded with the final
+  count. Tiles with no visible key after the last unit are emitted to no one (as in AITER).
+  With need_lse=True (variant "need_lse") every item gets a partial slot, so unsplit tiles
+  are reduced too.
+- `mla_reduce_v1` follows reduce.cu: groups of < 2 pieces untouched (their `final_lse` is
+  never written), >= 4 pieces the massive path, 2-3 the simple running-max path, +inf lse
+  where the pieces' exp-sum is 0 or NaN (every piece -inf: a split row that sees no key; the
+  simple path then also writes NaN output), the (heads, Dv) router of the variant's release.
+- `mla_prefill_ps_asm_fwd` checks what asm_mla.cu checks (fp8 Q/K, Gqa 1, 192/128, bf16
+  out), then computes every work item in float32 over keys [kv_start, kv_end) of its
+  heads with the sequence's bottom-right causal mask (AITER's op test reference), writing
+  unsplit items to `output` and pieces (normalized output + natural-log lse) to
+  `splitData`/`splitLse` at `partial_o_loc + row - qo_start`. Rows of an item that see no
+  key: out 0 / lse -inf (the asm is closed source: modelled, see `aiter._kernels`).
+- `get_ps_metadata_info_v1`: AITER's sizing formulas with the fake CU count (default 6 =
+  mla_plugins' CPU worker count; `FAKE_AITER_CU_COUNT` overrides it at import).
 
-Variants:
-    legacy          amd-aiter 0.1.15.post3: 8 arguments (newer than 0.1.16 by date, no #3391)
-    num_kv_splits   amd-aiter 0.1.16: 9 arguments, num_kv_splits after max_seqlen_q
-    unknown         a hypothetical build whose num_kv_splits moved after final_lse
-    async           the unrelated PyPI package `aiter` (async iterators)
-    broken          amd-aiter whose import raises, as with a missing ROCm library
+Test hooks on the package (not AITER API): `aiter.calls` (every mla_reduce_v1 call that
+reached the kernel: {"op", "nargs", "num_kv_splits"}), `aiter.all_calls` (every op call,
+in order, each with "op"), `aiter._kernels.EMPTY_ROW_OUT` (what unsplit rows that see no
+key get; set it to NaN to check a caller does not depend on the modelled 0).
+
+Variants (release, where its behaviour is read):
+    legacy         amd-aiter 0.1.15.post3: 8-argument reduce (no #3391; newer than 0.1.16 by
+                   date), no AITER_TRITON_ONLY switch, router of v0.1.15/16
+    num_kv_splits  amd-aiter 0.1.16: #3391 (num_kv_splits at index 6, no default),
+                   get_mla_decode_fwd_max_splits present, router of v0.1.16
+    need_lse       amd-aiter 0.1.22.post1: #3391 + #3606, `need_lse: bool = False` last in
+                   get_ps_metadata_v1, router with 48/96 heads (v0.1.20+). #3606's exact
+                   signature is NOT verified (the newest snapshot read, v0.1.20.post1,
+                   predates it): keyword, default False, after is_causal is the most
+                   likely form (SGLang 0.5.23 passes it by keyword); unsplit tiles get a
+                   partial slot and single-piece groups are merged (modelled)
+    unknown        a hypothetical build whose num_kv_splits moved after final_lse
+    no_metadata    amd-aiter 0.1.16 from a source tree: the same package, no dist-info
+    triton_only    amd-aiter 0.1.16 with AITER_TRITON_ONLY defaulting to 1 (no ops)
+    async          the unrelated PyPI package `aiter` (async iterators)
+    broken         amd-aiter whose import raises ImportError (a missing ROCm library)
+    systemexit     a package whose import raises SystemExit (as a failed build step that
+                   calls sys.exit would): not a specific AITER release
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
-import textwrap
 from pathlib import Path
 
+SRC = Path(__file__).resolve().parent / "aiter_src" / "aiter"
+
 LEGACY_SCHEMA = (
-    "mla_reduce_v1(Tensor partial_output, Tensor partial_lse, Tensor reduce_indptr, "
-    "Tensor? reduce_final_map, Tensor reduce_partial_map, SymInt max_seqlen_q, "
-    "Tensor final_output, Tensor? final_lse=None) -> ()"
+    "aiter::mla_reduce_v1(Tensor(a0!) partial_output, Tensor(a1!) partial_lse, "
+    "Tensor(a2!) reduce_indptr, Tensor(a3!)? reduce_final_map, Tensor(a4!) reduce_partial_map, "
+    "SymInt max_seqlen_q, Tensor(a6!) final_output, Tensor(a7!)? final_lse=None) -> ()"
 )
 NUM_KV_SPLITS_SCHEMA = (
-    "mla_reduce_v1(Tensor partial_output, Tensor partial_lse, Tensor reduce_indptr, "
-    "Tensor? reduce_final_map, Tensor reduce_partial_map, SymInt max_seqlen_q, "
-    "SymInt num_kv_splits, Tensor final_output, Tensor? final_lse=None) -> ()"
+    "aiter::mla_reduce_v1(Tensor(a0!) partial_output, Tensor(a1!) partial_lse, "
+    "Tensor(a2!) reduce_indptr, Tensor(a3!)? reduce_final_map, Tensor(a4!) reduce_partial_map, "
+    "SymInt max_seqlen_q, SymInt num_kv_splits, Tensor(a7!) final_output, "
+    "Tensor(a8!)? final_lse=None) -> ()"
 )
 UNKNOWN_SCHEMA = (
-    "mla_reduce_v1(Tensor partial_output, Tensor partial_lse, Tensor reduce_indptr, "
-    "Tensor? reduce_final_map, Tensor reduce_partial_map, SymInt max_seqlen_q, "
-    "Tensor final_output, Tensor? final_lse, SymInt num_kv_splits) -> ()"
+    "aiter::mla_reduce_v1(Tensor(a0!) partial_output, Tensor(a1!) partial_lse, "
+    "Tensor(a2!) reduce_indptr, Tensor(a3!)? reduce_final_map, Tensor(a4!) reduce_partial_map, "
+    "SymInt max_seqlen_q, Tensor(a6!) final_output, Tensor(a7!)? final_lse, "
+    "SymInt num_kv_splits) -> ()"
 )
 
-VARIANTS = {
-    "legacy": ("amd-aiter", "0.1.15.post3", LEGACY_SCHEMA),
-    "num_kv_splits": ("amd-aiter", "0.1.16", NUM_KV_SPLITS_SCHEMA),
-    "unknown": ("amd-aiter", "0.1.99.dev0", UNKNOWN_SCHEMA),
-    "async": ("aiter", "0.13.0", None),
-    "broken": ("amd-aiter", "0.1.16", None),
+#: heads mla_reduce_v1's router takes, by value head dim (reduce.cu MLA_REDUCE_ROUTER)
+ROUTER_V0116 = {
+    128: (1, 2, 4, 8, 10, 16, 32, 40, 64, 128),
+    512: (8, 16, 32, 48, 64, 80, 96, 112, 128),
+}
+ROUTER_V0120 = {
+    64: (64,),
+    128: (1, 2, 4, 8, 10, 16, 32, 40, 48, 64, 96, 128),
+    512: (8, 16, 24, 32, 48, 64, 80, 96, 112, 128),
 }
 
 BROKEN_ERROR = "libamdhip64.so.6: cannot open shared object file: No such file or directory"
+SYSTEMEXIT_MESSAGE = "aiter: JIT build failed, exiting"
 
-_AMD_INIT = '''\
-"""Fake AMD AITER ({dist} {version}) written by tests.fakes.fake_aiter."""
-import torch
+_AMD = dict(import_raises=None, message="", triton_switch=True, triton_default="0",
+            need_lse=False, decode_max_splits=True, router=ROUTER_V0116, dist_info=True)
+VARIANTS = {
+    "legacy": dict(_AMD, dist="amd-aiter", version="0.1.15.post3", reduce="legacy",
+                   triton_switch=False, decode_max_splits=False),
+    "num_kv_splits": dict(_AMD, dist="amd-aiter", version="0.1.16", reduce="num_kv_splits"),
+    "need_lse": dict(_AMD, dist="amd-aiter", version="0.1.22.post1", reduce="num_kv_splits",
+                     need_lse=True, router=ROUTER_V0120),
+    "unknown": dict(_AMD, dist="amd-aiter", version="0.1.99.dev0", reduce="unknown"),
+    "no_metadata": dict(_AMD, dist="amd-aiter", version="0.1.16", reduce="num_kv_splits",
+                        dist_info=False),
+    "triton_only": dict(_AMD, dist="amd-aiter", version="0.1.16", reduce="num_kv_splits",
+                        triton_default="1"),
+    "broken": dict(_AMD, dist="amd-aiter", version="0.1.16", reduce="num_kv_splits",
+                   import_raises="ImportError", message=BROKEN_ERROR),
+    "systemexit": dict(_AMD, dist="amd-aiter", version="0.1.16", reduce="num_kv_splits",
+                       import_raises="SystemExit", message=SYSTEMEXIT_MESSAGE),
+    "async": dict(dist="aiter", version="0.13.0"),
+}
 
-from mla_plugins.core.reduce import torch_reduce
-
-SCHEMA = {schema!r}
-NAMES = {names!r}
-_lib = torch.library.Library("aiter", "FRAGMENT")
-_lib.define(SCHEMA)
-
-
-def _impl(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-          max_seqlen_q, *rest):
-    values = dict(zip(NAMES[6:], rest))
-    calls.append({{"num_kv_splits": values.get("num_kv_splits"), "nargs": 6 + len(rest)}})
-    torch_reduce(partial_output, partial_lse, reduce_indptr, reduce_final_map,
-                 reduce_partial_map, int(max_seqlen_q), values["final_output"],
-                 values.get("final_lse"))
-
-
-_lib.impl("mla_reduce_v1", _impl, "CompositeExplicitAutograd")
-
-#: every call that reached the kernel: {{"num_kv_splits": int | None, "nargs": int}}
-calls = []
+_ASYNC_INIT = '''\
+"""Stand-in for the PyPI `aiter` (async iterator helpers), unrelated to AMD."""
 
 
-def mla_reduce_v1(*args, **kwargs):
-    # aiter's compile_ops wrapper_custom: a (*args, **kwargs) forwarder to the torch op
-    return torch.ops.aiter.mla_reduce_v1(*args, **kwargs)
-
-
-from . import ops  # noqa: E402,F401  (aiter.ops.attention, as the real package)
-
-from tests.fakes.fake_aiter import (  # noqa: E402,F401
-    get_ps_metadata_info_v1,
-    get_ps_metadata_v1,
-    mla_prefill_ps_asm_fwd,
-)
+async def azip(*iterables):
+    raise NotImplementedError
 '''
 
-_ATTENTION_NEW = '''\
-def get_mla_decode_fwd_max_splits(*args, **kwargs):
-    """Added by ROCm/aiter#3391 in the same commit as num_kv_splits."""
-    raise NotImplementedError("fake")
+_CONFIG = '''\
+"""Written by tests/fakes/fake_aiter.py: which AITER release this fake stands for."""
+import os
+
+VARIANT = {variant!r}
+DISTRIBUTION = {dist!r}
+VERSION = {version!r}
+REDUCE_CONVENTION = {reduce!r}
+NEED_LSE = {need_lse!r}
+HAS_DECODE_MAX_SPLITS = {decode_max_splits!r}
+HAS_TRITON_ONLY_SWITCH = {triton_switch!r}
+TRITON_ONLY_DEFAULT = {triton_default!r}
+IMPORT_RAISES = {import_raises!r}
+IMPORT_MESSAGE = {message!r}
+ROUTER = {router!r}
+CU_COUNT = int(os.environ.get("FAKE_AITER_CU_COUNT", "6"))
 '''
-
-
-FAKE_CU_COUNT = 6  # mla_plugins.core.device.CPU_WORKERS: what "the CU count" means on the CPU
-
-
-def get_ps_metadata_info_v1(batch_size: int, num_head_k: int, max_qlen: int, qlen_granularity: int = 256):
-    """AITER's sizing formulas, with the CPU's stand-in CU count."""
-    import math
-
-    import torch
-
-    clusters = math.gcd(num_head_k, FAKE_CU_COUNT)
-    per_cluster = FAKE_CU_COUNT // clusters
-    tiles_per_batch = math.ceil(max_qlen / qlen_granularity)
-    tiles = batch_size * tiles_per_batch
-    max_works = (batch_size + per_cluster - 1) * tiles_per_batch * num_head_k
-    max_partials = min(batch_size + per_cluster - 1, (per_cluster - 1) * 2) * tiles_per_batch
-    return (
-        (2, torch.uint64),
-        (FAKE_CU_COUNT + 1, torch.int32),
-        ((max_works, 8), torch.int32),
-        (tiles + 1, torch.int32),
-        ((tiles, 2), torch.int32),
-        (max_partials, torch.int32),
-    )
-
-
-def get_ps_metadata_v1(seqlens_qo_indptr, pages_kv_indptr, context_lens, gqa_ratio, num_heads_k,
-                       work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map,
-                       reduce_partial_map, qhead_granularity=1, qlen_granularity=256,
-                       kvlen_granularity=16, block_size=16, is_causal=True):
-    from mla_plugins.core.plan import plan_prefill
-
-    if gqa_ratio != 1 or block_size != 1:
-        raise NotImplementedError("the fake plans MHA prefill with block_size 1 only")
-    plan = plan_prefill(seqlens_qo_indptr.int().cpu(), pages_kv_indptr.int().cpu(), num_heads=num_heads_k,
-                        causal=is_causal, tile_q=qlen_granularity, kv_granularity=kvlen_granularity,
-                        num_workers=FAKE_CU_COUNT)
-    n_items, n_split = plan.num_items, plan.num_split_tiles
-    work_indptr.copy_(plan.work_indptr)
-    work_info[:n_items].copy_(plan.work_info)
-    reduce_indptr.fill_(plan.num_partial_tiles)  # AITER pads the tail with the final count
-    reduce_indptr[: n_split + 1].copy_(plan.reduce_indptr)
-    reduce_final_map[:n_split].copy_(plan.reduce_final_map)
-    reduce_partial_map[: plan.num_partial_tiles].copy_(plan.reduce_partial_map)
-
-
-def mla_prefill_ps_asm_fwd(Q, K, V, qo_indptr, kv_indptr, kv_page_indices, work_indptr, work_info_set,
-                           max_seqlen_q, softmax_scale, is_causal, splitData, splitLse, output,
-                           q_scale=None, k_scale=None, v_scale=None):
-    import types
-
-    import torch
-
-    from mla_plugins.core.kernels.base import PrefillInputs
-    from mla_plugins.core.kernels.torch_kernel import TorchKernel
-
-    fp8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-    if Q.dtype not in fp8 or K.dtype not in fp8 or V.dtype not in fp8:
-        raise RuntimeError("fp8 mla persistent prefill expects fp8 Q, K, V")
-    if output.dtype != torch.bfloat16 or Q.size(1) != K.size(1) or Q.size(2) != 192 or V.size(2) != 128:
-        raise RuntimeError("no kernel for these settings (gqa 1, qk 192, v 128, bf16 output only)")
-    deq = lambda x, s: x.float() * (1.0 if s is None else s)
-    inputs = PrefillInputs(deq(Q, q_scale), deq(K, k_scale), deq(V, v_scale), qo_indptr, kv_indptr,
-                           float(softmax_scale), bool(is_causal), False, Q.dtype, int(max_seqlen_q), 0)
-    n_items = int(work_indptr[-1])
-    plan = types.SimpleNamespace(work_info_cpu=work_info_set[:n_items].cpu(), causal=bool(is_causal))
-    TorchKernel().prefill(inputs, plan, output, None, splitData, splitLse)
-
-
-def schema_names(schema: str) -> list[str]:
-    """Argument names of a schema string, in order."""
-    body = schema.split("(", 1)[1].rsplit(") ->", 1)[0]
-    return [arg.split("=")[0].split()[-1] for arg in body.split(", ")]
 
 
 def write_package(dest: str | Path, variant: str) -> Path:
     """Write the fake `aiter` for `variant` under `dest` and return `dest`."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: found {variant!r}, expected one of {sorted(VARIANTS)}")
-    dist, version, schema = VARIANTS[variant]
+    spec = VARIANTS[variant]
     dest = Path(dest)
     pkg = dest / "aiter"
-    (pkg / "ops").mkdir(parents=True, exist_ok=True)
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    for old in dest.glob("*aiter*.dist-info"):
+        shutil.rmtree(old)
     if variant == "async":
-        init = textwrap.dedent('''\
-            """Stand-in for the PyPI `aiter` (async iterator helpers), unrelated to AMD."""
-            async def azip(*iterables):
-                raise NotImplementedError
-            ''')
-    elif variant == "broken":
-        init = f"raise ImportError({BROKEN_ERROR!r})\n"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(_ASYNC_INIT)
     else:
-        init = _AMD_INIT.format(dist=dist, version=version, schema=schema, names=schema_names(schema))
-    (pkg / "__init__.py").write_text(init)
-    (pkg / "ops" / "__init__.py").write_text("from . import attention  # noqa: F401\n")
-    (pkg / "ops" / "attention.py").write_text(_ATTENTION_NEW if variant == "num_kv_splits" else "")
-    info = dest / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    (info / "top_level.txt").write_text("aiter\n")
+        shutil.copytree(SRC, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        (pkg / "_fake_config.py").write_text(_CONFIG.format(variant=variant, **spec))
+    if spec.get("dist_info", True):
+        info = dest / f"{spec['dist'].replace('-', '_')}-{spec['version']}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {spec['dist']}\nVersion: {spec['version']}\n")
+        (info / "top_level.txt").write_text("aiter\n")
+        (info / "RECORD").write_text("aiter/__init__.py,,\n")
     return dest
 
 
