@@ -141,12 +141,16 @@ def core(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def triton(session: nox.Session) -> None:
-    """The Triton kernels' logic on the CPU through Triton's interpreter (no GPU in CI)."""
+    """The Triton kernels on the CPU (no GPU in CI): compiled ahead of time for sm_90, gfx942
+    and gfx950 with a spill check (tests/compile), then their logic through Triton's
+    interpreter (tests/interpret). Two pytest runs: the interpreter replaces the compiler."""
     session.install(TORCH)
     # numpy 2.1: the 3.6 interpreter breaks on newer numpy's scalar conversions
     session.install("-e", ".", "triton==3.6.0", "numpy==2.1.3", "pytest>=8", "hypothesis>=6.100")
-    session.env["TRITON_INTERPRET"] = "1"
-    _pytest(session, "tests/interpret")
+    session.run("python", "-m", "pytest", "tests/compile", *session.posargs,
+                env={"PYTHONHASHSEED": "0", "TRITON_INTERPRET": "0"})
+    session.run("python", "-m", "pytest", "tests/interpret", *session.posargs,
+                env={"PYTHONHASHSEED": "0", "TRITON_INTERPRET": "1"})
 
 
 @nox.session(python=PYTHON)

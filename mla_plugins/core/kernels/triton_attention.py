@@ -34,6 +34,23 @@ except ImportError:  # pragma: no cover - the provider reports "triton is not in
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
+#: Phase-1 launch shape per device arch and compute mode: (block_m, block_n, num_warps,
+#: num_stages). Chosen so that no configuration spills on its arch (tests/compile compiles
+#: each one for sm_90, gfx942 and gfx950 and fails on spills; figures in benchmarks/NOTES.md).
+#: "cuda" covers every NVIDIA arch (measured on the H200, sm_90); the ROCm entries keep the
+#: VGPR count under 256 where 8 warps run (two waves per SIMD) and BLOCK_M at 64 in fp8,
+#: the query block of core/fp8.py's block-scaling rule.
+ARCH_CONFIGS: dict[str, dict[bool, tuple[int, int, int, int]]] = {
+    "cuda": {True: (64, 64, 4, 4), False: (128, 64, 8, 3)},
+    "gfx942": {True: (64, 32, 4, 2), False: (128, 32, 8, 2)},
+    "gfx950": {True: (64, 32, 4, 2), False: (128, 32, 8, 2)},
+}
+
+
+def arch_config(arch: str, fp8: bool) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) for a device arch ("cuda", "gfx942", ...)."""
+    return ARCH_CONFIGS.get(arch, ARCH_CONFIGS["cuda"])[fp8]
+
 if triton is not None:
     from .triton_quant import DV_C, NOPE_C, ROPE_C, fp8_scale_from_amax
 

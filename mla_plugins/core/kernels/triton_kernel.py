@@ -58,9 +58,20 @@ class TileConfig:
     warp_spec: bool = False
 
 
-#: defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements
+#: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
+#: other archs: `default_config` (triton_attention.ARCH_CONFIGS)
 FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def default_config(device: torch.device, fp8: bool) -> TileConfig:
+    """The phase-1 configuration for this device's arch (chosen so it does not spill there)."""
+    if device_kind(device) != "rocm":
+        return FP8_CONFIG if fp8 else BF16_CONFIG
+    from .triton_attention import arch_config
+
+    bm, bn, warps, stages = arch_config(device_arch(device) or "", fp8)
+    return TileConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, use_tma=False)
 
 
 def _tl_fp8(fp8_dtype: torch.dtype):
@@ -105,7 +116,7 @@ def run_prefill(
     q, k, v = inputs.q, inputs.k, inputs.v
     device = q.device
     if config is None:
-        config = FP8_CONFIG if inputs.fp8 else BF16_CONFIG
+        config = default_config(device, inputs.fp8)
     use_tma = config.use_tma and _can_tma(device)
     heads = inputs.num_heads
     if inputs.fp8:
@@ -247,7 +258,7 @@ class TritonKernel(Kernel):
 
     # -- work -----------------------------------------------------------------------------
     def plan_params(self, inputs: PrefillInputs) -> dict:
-        config = FP8_CONFIG if inputs.fp8 else BF16_CONFIG
+        config = default_config(inputs.device, inputs.fp8)
         tile_q = config.block_m
         cq, ck = inputs.seqlens_host or (inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist())
         q_lens = [b - a for a, b in zip(cq, cq[1:], strict=False)]

@@ -127,6 +127,18 @@ if triton is not None:
                 tl.store(dst, x.to(out_ty), mask=ok[:, None])
 
 
+#: warps every quantization kernel launches with
+NUM_WARPS = 4
+
+#: (kernel, pointer argument types, constexprs) of every launch below, for tests/compile
+#: ("FP8" stands for the arch's fp8 type, "FP8_MAX" for its largest finite value)
+COMPILE_SPECS = [
+    ("_amax_kernel", {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Amax": "*fp32"}, {"BLOCK_R": 32}),
+    ("_cast_kv_kernel", {"K": "*bf16", "V": "*bf16", "K8": "*FP8", "VT8": "*FP8", "Amax": "*fp32"},
+     {"FP8_MAX": "FP8_MAX", "BLOCK_R": 32, "BLOCK_T": 64}),
+]
+
+
 def _grid_programs(work_blocks: int, device: torch.device) -> int:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
