@@ -1,6 +1,6 @@
 """vLLM demo: a tiny random DeepSeek-V2 through vLLM's real engine, our MLA prefill vs vLLM's.
 
-    python -m mla_plugins.demo.vllm_demo [--json FILE]
+    python -m mla_plugins.demo.vllm_demo [--json FILE] [--tensor-parallel-size 2]
 
 Builds the checkpoint in a temp dir (nothing downloads), then runs `LLM.generate` three
 times, each in a fresh multi-process engine (engine core + worker, spawned):
@@ -11,7 +11,9 @@ times, each in a fresh multi-process engine (engine core + worker, spawned):
 Prompts: 9, 61, 700 and 1100 tokens with max_num_batched_tokens=512, so the long ones are
 cut into 512-row chunks (two 256-row tiles each) and later chunks read earlier ones back
 from the KV cache as context chunks. It prints the greedy tokens, the MLA_PLUGINS_TRACE
-summary of each run and the agreement with vLLM's built-in prefill.
+summary of each run and the agreement with vLLM's built-in prefill. With
+--tensor-parallel-size 2 every engine runs two worker processes (one rank and one core
+each, half the heads per rank).
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from .vllm_engine import make_prompts, run_engine, top1_agreement, trace_summary
 from .tiny_model import build_tiny_deepseek_v2
+from .vllm_engine import make_prompts, one_plan_per_batch, run_engine, top1_agreement, trace_summary
 
 logger = logging.getLogger("mla_plugins.demo.vllm_demo")
 
 
-def run_all(workdir: Path) -> dict:
+def run_all(workdir: Path, tensor_parallel_size: int = 1) -> dict:
     model = build_tiny_deepseek_v2(workdir / "tiny-deepseek-v2")
     prompts = make_prompts()
     runs = {}
@@ -40,10 +42,12 @@ def run_all(workdir: Path) -> dict:
         ("ours_fp8", dict(ours=True, fp8=True, select_by_name="CUSTOM")),
     ):
         start = time.perf_counter()
-        result = run_engine(model, prompts, label=label, trace_file=workdir / f"trace-{label}.jsonl", **kw)
+        result = run_engine(model, prompts, label=label, trace_file=workdir / f"trace-{label}.jsonl",
+                            tensor_parallel_size=tensor_parallel_size, **kw)
         data = result.to_json()
         data["seconds"] = round(time.perf_counter() - start, 1)
         data["trace_summary"] = trace_summary(result.trace, result.main_pid)
+        data["one_plan_per_batch"] = one_plan_per_batch(data["trace_summary"]) if result.trace else {}
         runs[label] = data
     base = runs["builtin_bf16"]
     comparison = {
@@ -54,14 +58,18 @@ def run_all(workdir: Path) -> dict:
         }
         for label in ("ours_bf16", "ours_fp8")
     }
-    return {"prompt_lengths": [len(p) for p in prompts], "runs": runs, "comparison": comparison}
+    return {"prompt_lengths": [len(p) for p in prompts], "tensor_parallel_size": tensor_parallel_size,
+            "runs": runs, "comparison": comparison}
 
 
 def _report(result: dict) -> str:
-    lines = [f"prompts (token counts): {result['prompt_lengths']}"]
+    lines = [f"prompts (token counts): {result['prompt_lengths']}, "
+             f"tensor parallel size {result['tensor_parallel_size']}"]
     for label, run in result["runs"].items():
         w, t = run["worker"], run["trace_summary"]
-        lines.append(f"\n== {label} ({run['seconds']} s, main pid {run['main_pid']}, worker pid {w['pid']})")
+        pids = ", ".join(str(x["pid"]) for x in run["workers"])
+        lines.append(f"\n== {label} ({run['seconds']} s, main pid {run['main_pid']}, worker pids {pids}, "
+                     f"{w['heads_per_rank']} heads per rank)")
         lines.append(f"   worker: selected={w['selected_mla_prefill_backend']} "
                      f"layers use {w['layer_prefill_backends']} chunked_prefill={w['chunked_prefill']}")
         for i, toks in enumerate(run["tokens"]):
@@ -70,6 +78,10 @@ def _report(result: dict) -> str:
             lines.append(f"   trace: {t['calls']} calls {t['by_entry']} from pids {t['pids']} "
                          f"(all in workers: {t['all_from_workers']}), kernel {t['kernels']}, fp8 {t['fp8']}, "
                          f"max q {t['max_q_tokens']} / k {t['max_k_tokens']} tokens")
+            for pid, p in t["per_pid"].items():
+                lines.append(f"     pid {pid}: {p['new_tokens']} new-token and {p['context_chunk']} context-chunk "
+                             f"calls, heads {p['heads']}, {p['batches']} batches planned ({p['plans']} plans); "
+                             f"one plan per batch: {run['one_plan_per_batch'].get(pid)}")
         else:
             lines.append("   trace: no mla-plugins calls (vLLM's built-in prefill ran)")
     lines.append("\n== against vLLM's built-in prefill")
@@ -83,10 +95,12 @@ def _report(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mla_plugins.demo.vllm_demo", description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the full results to this file")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="ranks per engine (2: one worker process per rank, one core each)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     with tempfile.TemporaryDirectory(prefix="mla-plugins-vllm-demo-") as tmp:
-        result = run_all(Path(tmp))
+        result = run_all(Path(tmp), tensor_parallel_size=args.tensor_parallel_size)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     sys.stdout.write(_report(result) + "\n")

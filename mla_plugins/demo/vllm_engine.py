@@ -6,6 +6,9 @@ vLLM-side is stock: `LLM(...)` spawns its engine-core and worker processes, and 
 variables the children inherit (set before each engine starts):
 MLA_PLUGINS_VLLM_OVERRIDE=CPU (our backend takes the CPU slot), MLA_PLUGINS_FP8,
 MLA_PLUGINS_TRACE and MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL=1 (context chunks on CPU).
+With tensor_parallel_size=2 vLLM starts one worker process per rank, each with half the
+heads; on this CPU each rank gets one core (VLLM_CPU_OMP_THREADS_BIND="0|1": vLLM's
+automatic binding wants one NUMA node per rank and refuses otherwise).
 Call from under `if __name__ == "__main__":` (vLLM spawns its processes).
 """
 
@@ -22,6 +25,8 @@ from pathlib import Path
 #: (512 rows = two 256-row tiles per call; the later chunks see earlier ones as context).
 PROMPT_LENGTHS = (9, 61, 700, 1100)
 MAX_NUM_BATCHED_TOKENS = 512
+#: decoder layers of the tiny model: each prefill batch calls every layer once
+NUM_LAYERS = 2
 
 
 def make_prompts(lengths=PROMPT_LENGTHS, vocab: int = 1024, seed: int = 1234) -> list[list[int]]:
@@ -36,8 +41,12 @@ def worker_facts(worker) -> dict:
     model = worker.model_runner.get_model()
     backends = sorted({type(m.prefill_backend).__name__ for m in model.modules()
                        if getattr(m, "prefill_backend", None) is not None})
+    parallel = cfg.parallel_config
     return {
         "pid": os.getpid(),
+        "tp_rank": getattr(worker, "rank", None),
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "heads_per_rank": cfg.model_config.get_num_attention_heads(parallel),
         "selected_mla_prefill_backend": None if selected is None else selected.name,
         "layer_prefill_backends": backends,
         "chunked_prefill": cfg.scheduler_config.enable_chunked_prefill,
@@ -53,6 +62,8 @@ class EngineResult:
     prompt_top1: list[list[int]]
     worker: dict
     trace: list[dict] = field(default_factory=list)
+    #: worker_facts of every rank (worker is rank 0's)
+    workers: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
@@ -68,6 +79,7 @@ def run_engine(
     select_by_name: str | None = None,
     trace_file: str | Path | None = None,
     max_tokens: int = 6,
+    tensor_parallel_size: int = 1,
 ) -> EngineResult:
     """One LLM engine: greedy `max_tokens` per prompt plus the top-1 token at every prompt position."""
     from vllm import LLM, SamplingParams
@@ -81,6 +93,9 @@ def run_engine(
         # collective_rpc(worker_facts) ships a function to the worker: vLLM wants this opt-in
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     }
+    if tensor_parallel_size > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        # one core per rank; vLLM's "auto" binding needs a NUMA node per rank
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r) for r in range(tensor_parallel_size))
     os.environ.update(env)
     if trace_file:
         Path(trace_file).unlink(missing_ok=True)
@@ -94,10 +109,11 @@ def run_engine(
     llm = LLM(
         model=str(model), skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
         max_model_len=2048, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=4,
-        enable_chunked_prefill=True, enable_prefix_caching=False, seed=0, **kwargs,
+        enable_chunked_prefill=True, enable_prefix_caching=False, seed=0,
+        tensor_parallel_size=tensor_parallel_size, **kwargs,
     )
     try:
-        worker = llm.collective_rpc(worker_facts)[0]
+        workers = llm.collective_rpc(worker_facts)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, prompt_logprobs=1,
                                 ignore_eos=True)
         # One prompt per generate() call: requests reach the engine core one by one, so a
@@ -118,7 +134,7 @@ def run_engine(
     trace = []
     if trace_file and Path(trace_file).exists():
         trace = [json.loads(line) for line in Path(trace_file).read_text().splitlines() if line]
-    return EngineResult(label, os.getpid(), tokens, top1, worker, trace)
+    return EngineResult(label, os.getpid(), tokens, top1, workers[0], trace, workers)
 
 
 def top1_agreement(a: list[list[int]], b: list[list[int]]) -> float:
@@ -127,17 +143,47 @@ def top1_agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def trace_summary(trace: list[dict], main_pid: int) -> dict:
-    """Counts by entry and pid, and whether every call came from another process than main."""
+    """Prefill calls by entry and pid, the adapter's plan lines (entry "plan", one per
+    planned batch) per pid, and whether every call came from another process than main."""
+    calls = [t for t in trace if t["entry"] != "plan"]
+    plans = [t for t in trace if t["entry"] == "plan"]
     by_entry: dict[str, int] = {}
-    for t in trace:
+    for t in calls:
         by_entry[t["entry"]] = by_entry.get(t["entry"], 0) + 1
+    per_pid: dict[int, dict] = {}
+    for t in trace:
+        p = per_pid.setdefault(t["pid"], {"new_tokens": 0, "context_chunk": 0, "batches": 0,
+                                          "plans": 0, "planned_chunks": 0, "heads": set()})
+        if t["entry"] == "plan":
+            p["batches"] += 1
+            p["plans"] += t["plans"]
+            p["planned_chunks"] += t["chunks"]
+        else:
+            p[t["entry"]] = p.get(t["entry"], 0) + 1
+        p["heads"].add(t["heads"])
+    for p in per_pid.values():
+        p["heads"] = sorted(p["heads"])
     return {
-        "calls": len(trace),
+        "calls": len(calls),
         "by_entry": by_entry,
-        "pids": sorted({t["pid"] for t in trace}),
+        "plan_lines": len(plans),
+        "per_pid": {str(pid): p for pid, p in sorted(per_pid.items())},
+        "pids": sorted({t["pid"] for t in calls}),
         "all_from_workers": all(t["pid"] != main_pid for t in trace),
-        "kernels": sorted({t["kernel"] for t in trace}),
-        "fp8": sorted({t["fp8"] for t in trace}),
-        "max_q_tokens": max((t["q_tokens"] for t in trace), default=0),
-        "max_k_tokens": max((t["k_tokens"] for t in trace), default=0),
+        "kernels": sorted({t["kernel"] for t in calls}),
+        "fp8": sorted({t["fp8"] for t in calls}),
+        "heads": sorted({t["heads"] for t in calls}),
+        "max_q_tokens": max((t["q_tokens"] for t in calls), default=0),
+        "max_k_tokens": max((t["k_tokens"] for t in calls), default=0),
+    }
+
+
+def one_plan_per_batch(summary: dict, num_layers: int = NUM_LAYERS) -> dict[str, bool]:
+    """Per pid: every planned batch ran each layer once (new-token calls = layers x batches)
+    and each layer ran every planned context chunk (chunk calls = layers x planned chunks)."""
+    return {
+        pid: p["batches"] > 0 and p["new_tokens"] == num_layers * p["batches"]
+        and p["context_chunk"] == num_layers * p["planned_chunks"]
+        and p["plans"] == p["batches"] + p["planned_chunks"]
+        for pid, p in summary["per_pid"].items()
     }

@@ -4,6 +4,7 @@ random DeepSeek-V2, our prefill vs vLLM's built-in CPU prefill.
 One subprocess runs `python -m mla_plugins.demo.vllm_demo --json` (three engines: built-in
 bf16, ours bf16 selected by the name MLA_PLUGINS, ours fp8 selected as CUSTOM); every
 test below reads its results, so the engines start once (about a minute each here).
+The trace has one line per prefill call and one "plan" line per batch the adapter planned.
 """
 
 from __future__ import annotations
@@ -55,11 +56,24 @@ def test_trace_proves_worker_calls_including_context_chunks(demo, label, fp8):
     assert {t["fp8"] for t in trace} == {fp8}
     assert {t["heads"] for t in trace} == {4}
     entries = {t["entry"] for t in trace}
-    assert entries == {"new_tokens", "context_chunk"}, entries
+    assert entries == {"new_tokens", "context_chunk", "plan"}, entries
     # 512-row chunks: two 256-row tiles per call; context chunks read back earlier chunks
     assert max(t["q_tokens"] for t in trace if t["entry"] == "new_tokens") > 256
     assert any(t["k_tokens"] >= 512 for t in trace if t["entry"] == "context_chunk")
     assert run["worker"]["chunked_prefill"] is True
+
+
+@pytest.mark.parametrize("label", ["ours_bf16", "ours_fp8"])
+def test_one_plan_per_batch_in_the_engine(demo, label):
+    """The worker planned each batch once (prepare_metadata, a "plan" trace line) and every
+    layer's calls reused it: new-token calls = layers x batches, context-chunk calls =
+    layers x planned chunks."""
+    run = demo["runs"][label]
+    per_pid = run["trace_summary"]["per_pid"]
+    assert list(per_pid) == [str(run["worker"]["pid"])]
+    assert run["one_plan_per_batch"] == {str(run["worker"]["pid"]): True}, per_pid
+    (per,) = per_pid.values()
+    assert per["batches"] >= 6 and per["planned_chunks"] >= 3, per  # 4 prompts, 2 long ones chunked
 
 
 def test_bf16_greedy_tokens_equal_builtin(demo):

@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 
-from mla_plugins.vllm import register
 from mla_plugins.demo.tiny_model import build_tiny_deepseek_v2
+from mla_plugins.vllm import register
 
 OURS = "MLAPluginsPrefillBackend"
 
@@ -134,3 +134,47 @@ def test_cpu_platform_ignores_selection_unless_slot_taken(model_config):
     finally:
         MLAPrefillBackendEnum.CPU.clear_override()
         _auto_select_mla_prefill_backend.cache_clear()
+
+
+def test_gpu_platform_refuses_when_only_the_torch_kernel_could_run(model_config, gpu_platform, monkeypatch):
+    """No silent fallback to the reference kernel on a GPU: selection fails at start-up,
+    naming the dimensions and what the fast kernels said; pinning torch is the way to want it."""
+    from vllm.v1.attention.backends.mla.prefill import get_mla_prefill_backend
+
+    from mla_plugins.core.kernels.triton_kernel import TritonKernel
+
+    # the state of a GPU machine without triton, as TritonKernel reports it there
+    monkeypatch.setattr(TritonKernel, "environment_reasons",
+                        lambda self: ["triton is not installed (pip install 'mla-plugins[triton]')"])
+    monkeypatch.setenv("MLA_PLUGINS_FP8", "0")
+    cfg = _vllm_config(model_config, "MLA_PLUGINS")
+    with pytest.raises(ValueError, match="not valid for this configuration") as info:
+        get_mla_prefill_backend(cfg)
+    text = str(info.value)
+    assert "only the 'torch' reference kernel can run" in text
+    assert "heads per rank, head dims qk 192 / v 128, bfloat16, no fp8" in text
+    assert "triton: triton is not installed" in text and "aiter: " in text
+    monkeypatch.setenv("MLA_PLUGINS_KERNEL", "torch")
+    assert get_mla_prefill_backend(cfg).__name__ == OURS
+
+
+@pytest.mark.parametrize("pin", ["aiter", "no_such_kernel"])
+def test_gpu_platform_refuses_a_pinned_kernel_that_cannot_run(model_config, gpu_platform, monkeypatch, pin):
+    from vllm.v1.attention.backends.mla.prefill import get_mla_prefill_backend
+
+    monkeypatch.setenv("MLA_PLUGINS_KERNEL", pin)
+    with pytest.raises(ValueError, match=f"MLA_PLUGINS_KERNEL='{pin}' cannot run"):
+        get_mla_prefill_backend(_vllm_config(model_config, "MLA_PLUGINS"))
+    monkeypatch.setenv("MLA_PLUGINS_KERNEL", "triton")
+    assert get_mla_prefill_backend(_vllm_config(model_config, "MLA_PLUGINS")).__name__ == OURS
+
+
+def test_gpu_platform_refuses_fp8_under_batch_invariance(model_config, gpu_platform, monkeypatch):
+    from vllm.v1.attention.backends.mla.prefill import get_mla_prefill_backend
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    monkeypatch.setenv("MLA_PLUGINS_FP8", "1")
+    with pytest.raises(ValueError, match="VLLM_BATCH_INVARIANT=1 with FP8 prefill"):
+        get_mla_prefill_backend(_vllm_config(model_config, "MLA_PLUGINS"))
+    monkeypatch.setenv("MLA_PLUGINS_FP8", "0")
+    assert get_mla_prefill_backend(_vllm_config(model_config, "MLA_PLUGINS")).__name__ == OURS
