@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from .device import fp8_dtype_for
 from .kernels.base import ConfigInputs, KernelInfo, PrefillInputs, ReduceInputs
-from .plan import PrefillPlan
+from .plan import PrefillPlan, cached_plan, host_offsets
 from .registry import get_registry
 from .settings import pinned_kernel
 from .trace import record_prefill
@@ -17,7 +18,6 @@ from .validation import (
     MAX_NUM_HEADS,
     MAX_TILE_Q,
     check_bool,
-    check_cu_seqlens,
     check_device,
     check_dims_positive,
     check_dtype,
@@ -36,7 +36,7 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan) -> PrefillInputs:
+def _check_qkv(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, ndim=3)
         if t.dtype not in FLOAT_DTYPES:
@@ -44,7 +44,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
             raise TypeError(f"{name}: found dtype {t.dtype}, expected torch.bfloat16 or torch.float16{hint}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"k, v: found dtypes {k.dtype}, {v.dtype}, expected {q.dtype} like q")
-    check_same_device("q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    check_same_device("q", q, k=k, v=v)
     if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
         raise ValueError(
             f"k, v: found {k.shape[1]} and {v.shape[1]} heads, expected {q.shape[1]} like q "
@@ -56,28 +56,80 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
         raise ValueError(f"k: found head dim {k.shape[2]}, expected {q.shape[2]} like q ([total_k, H, Dqk])")
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"v: found {v.shape[0]} tokens, expected {k.shape[0]} like k ([total_k, H, Dv])")
-    if isinstance(plan, PrefillPlan) and plan.built_from(cu_seqlens_q, cu_seqlens_k):
-        cq, ck = plan.cu_seqlens_host  # checked when the plan was built: no device sync
-    else:
-        cq, ck = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
-        if isinstance(plan, PrefillPlan) and (tuple(cq), tuple(ck)) != plan.cu_seqlens_host:
-            raise ValueError(
-                "plan: found a plan built from other sequence lengths than cu_seqlens_q/"
-                "cu_seqlens_k; build it with plan_prefill() from these (plans are per batch)"
-            )
-    if cq[-1] != q.shape[0]:
-        raise ValueError(f"cu_seqlens_q: found total {cq[-1]}, expected {q.shape[0]} (q.shape[0])")
-    if ck[-1] != k.shape[0]:
-        raise ValueError(f"cu_seqlens_k: found total {ck[-1]}, expected {k.shape[0]} (k.shape[0])")
+
+
+def _scale(softmax_scale, q) -> float:
     if softmax_scale is None:
-        softmax_scale = q.shape[2] ** -0.5
+        return q.shape[2] ** -0.5
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale: found {type(softmax_scale).__name__}, expected a float or None")
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale: found {softmax_scale}, expected a finite float > 0")
+    return float(softmax_scale)
+
+
+def _read_offsets(cu_seqlens_q, cu_seqlens_k, q) -> tuple[list[int], list[int]]:
+    """Host copies of the offsets of a call without a plan: at most one device read."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise TypeError(
+            "cu_seqlens_q, cu_seqlens_k: found None, expected int32 offsets [B+1] "
+            "(they may be left out only with plan=plan_prefill(...))"
+        )
+    # device tensors must be on q's device; host offsets (lists, CPU tensors) are fine
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            check_same_device("q", q, **{name: t})
+    return host_offsets(cu_seqlens_q, cu_seqlens_k, cpu_int64=False)
+
+
+def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan) -> PrefillInputs:
+    """Checked inputs of one call. With a plan the offsets come from the plan (the caller's
+    `cu_seqlens_q`/`cu_seqlens_k`, if any, are not read); without one they are read once."""
+    _check_qkv(q, k, v)
+    softmax_scale = _scale(softmax_scale, q)
+    if plan is not None:
+        if not isinstance(plan, PrefillPlan):
+            raise TypeError(f"plan: found {type(plan).__name__}, expected a PrefillPlan from plan_prefill()")
+        if causal is None:
+            causal = plan.causal
+        if fp8 is None:
+            fp8 = True if plan.fp8 is None else plan.fp8
+    else:
+        causal = True if causal is None else causal
+        fp8 = True if fp8 is None else fp8
     for name, flag in (("causal", causal), ("fp8", fp8)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
+    if plan is not None:
+        found = (plan.total_q, plan.total_k, plan.num_heads, plan.causal)
+        expected = (q.shape[0], k.shape[0], q.shape[1], causal)
+        if found != expected:
+            raise ValueError(
+                f"plan: found (total_q, total_k, num_heads, causal) = {found}, expected {expected}; "
+                "build it with plan_prefill() from these cu_seqlens, num_heads and causal"
+            )
+        if plan.fp8 is not None and plan.fp8 != fp8:
+            raise ValueError(
+                f"fp8: found {fp8}, expected {plan.fp8} like the plan (plan_prefill(fp8=...)); "
+                "plan with the compute mode of the call, or with fp8=None for either"
+            )
+        if plan.device != q.device:
+            raise ValueError(f"plan: found a plan for {plan.device}, expected {q.device} (q's device)")
+        fp8_dtype = plan.memo.get("fp8_dtype")
+        if fp8_dtype is None:
+            fp8_dtype = plan.memo["fp8_dtype"] = fp8_dtype_for(q.device)
+        return PrefillInputs(
+            q=_unit_stride(q), k=_unit_stride(k), v=_unit_stride(v),
+            cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k,
+            softmax_scale=softmax_scale, causal=causal, fp8=fp8, fp8_dtype=fp8_dtype,
+            max_seqlen_q=plan.max_seqlen_q, max_seqlen_k=plan.max_seqlen_k,
+            seqlens_host=plan.cu_seqlens_host,
+        )
+    cq, ck = _read_offsets(cu_seqlens_q, cu_seqlens_k, q)
+    if cq[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens_q: found total {cq[-1]}, expected {q.shape[0]} (q.shape[0])")
+    if ck[-1] != k.shape[0]:
+        raise ValueError(f"cu_seqlens_k: found total {ck[-1]}, expected {k.shape[0]} (k.shape[0])")
     lens_q = [b - a for a, b in zip(cq, cq[1:], strict=False)]
     lens_k = [b - a for a, b in zip(ck, ck[1:], strict=False)]
     return PrefillInputs(
@@ -86,7 +138,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
         v=_unit_stride(v),
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
-        softmax_scale=float(softmax_scale),
+        softmax_scale=softmax_scale,
         causal=causal,
         fp8=fp8,
         fp8_dtype=fp8_dtype_for(q.device),
@@ -96,44 +148,55 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
     )
 
 
-def _check_plan(plan, inputs: PrefillInputs) -> None:
-    if not isinstance(plan, PrefillPlan):
-        raise TypeError(f"plan: found {type(plan).__name__}, expected a PrefillPlan from plan_prefill()")
-    found = (plan.total_q, plan.total_k, plan.num_heads, plan.causal)
-    expected = (inputs.q.shape[0], inputs.k.shape[0], inputs.num_heads, inputs.causal)
-    if found != expected:
+def _kernel_for_plan(plan: PrefillPlan, inputs: PrefillInputs, kernel: str):
+    """The plan's own kernel for kernel="auto" (no new selection per call); a named kernel
+    (or an input dtype the plan was not made for) is selected as without a plan."""
+    if kernel == "auto" and inputs.dtype == plan.dtype:
+        chosen = plan.memo.get("kernel")
+        if chosen is None:
+            chosen = plan.memo["kernel"] = get_registry().get(plan.kernel)
+        return chosen
+    chosen = get_registry().select(inputs, kernel)
+    if chosen.name != plan.kernel and plan.extra:
         raise ValueError(
-            f"plan: found (total_q, total_k, num_heads, causal) = {found}, expected {expected}; "
-            "build it with plan_prefill() from these cu_seqlens, num_heads and causal"
+            f"plan: found a plan of kernel {plan.kernel!r} with its own metadata, expected one "
+            f"{chosen.name!r} can run; build it with plan_prefill(..., kernel={chosen.name!r})"
         )
-    if plan.work_info.device != inputs.device:
-        raise ValueError(f"plan: found tensors on {plan.work_info.device}, expected {inputs.device}")
+    return chosen
 
 
 def mla_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
     *,
     softmax_scale: float | None = None,
-    causal: bool = True,
-    fp8: bool = True,
+    causal: bool | None = None,
+    fp8: bool | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     plan: PrefillPlan | None = None,
     kernel: str = "auto",
+    workspace: torch.Tensor | None = None,
 ):
     """Varlen MLA prefill attention (MHA form), split-KV planned and LSE-reduced.
 
     q: [total_q, H, Dqk], k: [total_k, H, Dqk], v: [total_k, H, Dv], bf16 or fp16.
-    cu_seqlens_q, cu_seqlens_k: int32 [B+1] on q's device.
+    With `plan=plan_prefill(...)` (one per batch, reused by every layer) the offsets are the
+    plan's: `cu_seqlens_q`/`cu_seqlens_k` may be omitted and are not read if given, nothing
+    is read back from the device, and scratch comes from the workspace, so the call can be
+    captured in a CUDA graph. Without a plan they are required (int32 [B+1] on q's device,
+    or host lists) and read once per call (one device sync), and a plan is built or reused.
     Causal masking is bottom-right aligned: row i of a sequence with q_len rows and k_len
     keys sees keys j <= i + (k_len - q_len) (a cached prefix of k_len - q_len tokens).
-    fp8=True quantizes q, k, v with dynamic per-tensor scales and computes in fp8.
-    Returns out [total_q, H, Dv] in q's dtype, or (out, lse) with lse float32 [total_q, H]
-    (natural log) for every row when return_lse=True. Rows that see no key: 0 and -inf.
+    causal / fp8 default to the plan's (else True) and must agree with it.
+    fp8=True quantizes q, k, v with dynamic scales and computes in fp8.
+    workspace: uint8 [>= plan.workspace_bytes] on q's device, or None for the device's
+    shared one (grown when needed, reused). Returns out [total_q, H, Dv] in q's dtype, or
+    (out, lse) with lse float32 [total_q, H] (natural log) for every row when
+    return_lse=True. Rows that see no key: 0 and -inf.
     """
     inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan)
     out_shape = (q.shape[0], q.shape[1], v.shape[2])
@@ -150,14 +213,21 @@ def mla_prefill(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: found {type(return_lse).__name__}, expected bool")
     if plan is not None:
-        _check_plan(plan, inputs)
-    chosen = get_registry().select(inputs, kernel)
+        chosen = _kernel_for_plan(plan, inputs, kernel)
+    else:
+        chosen = get_registry().select(inputs, kernel)
+        plan = cached_plan(
+            inputs.seqlens_host, num_heads=inputs.num_heads, causal=inputs.causal,
+            device=inputs.device, dtype=inputs.dtype, fp8=inputs.fp8,
+            head_dim_qk=inputs.head_dim_qk, head_dim_v=inputs.head_dim_v, kernel=chosen,
+        )
+        inputs = replace(inputs, cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k)
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
-    chosen.run(inputs, plan, out, lse)
+    chosen.run(inputs, plan, out, lse, workspace)
     record_prefill(
-        kernel=chosen.name, fp8=fp8, q_tokens=q.shape[0], k_tokens=k.shape[0], heads=q.shape[1]
+        kernel=chosen.name, fp8=inputs.fp8, q_tokens=q.shape[0], k_tokens=k.shape[0], heads=q.shape[1]
     )
     return (out, lse) if return_lse else out
 

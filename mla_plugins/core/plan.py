@@ -19,18 +19,16 @@ piece of the tile, and the tile is merged later by the reduce.
   (`tile_q * piece_index`);
 - `head_range`: `head_lo | head_hi << 16`, heads `[head_lo, head_hi)`.
 """
-
 from __future__ import annotations
 
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .device import default_num_workers
-from .validation import check_cu_seqlens, check_positive_int
+from .validation import check_cu_seqlens, check_positive_int, check_tensor
 
 WORK_INFO_FIELDS = (
     "batch_idx",
@@ -44,9 +42,13 @@ WORK_INFO_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PrefillPlan:
-    """A work plan for one batch (tensors on the device of `cu_seqlens_q`).
+    """A work plan for one batch: the batch's authority on its sequence lengths.
+
+    The plan holds its own host copy of the offsets (`cu_seqlens_host`) and its own int32
+    device copies (`cu_seqlens_q`, `cu_seqlens_k`), so a call given a plan reads nothing
+    back from the device and depends on no tensor the caller may change afterwards.
 
     work_indptr:        int32 [num_workers + 1], CSR of work items per worker
     work_info:          int32 [num_items, 8], see the module docstring
@@ -54,6 +56,9 @@ class PrefillPlan:
     reduce_final_map:   int32 [T, 2], output rows (q_start, q_end) of split tile t
     reduce_partial_map: int32 [num_partial_tiles], first partial-buffer row of each piece
     num_partial_tiles:  pieces; the partial buffers hold `num_partial_tiles * tile_q` rows
+    kernel:             name of the kernel the plan was built for (and that runs it)
+    workspace_bytes:    scratch bytes that kernel needs to run the plan
+    extra:              a kernel's own metadata (AITER's scheduler output, ...)
     """
 
     work_indptr: torch.Tensor
@@ -75,16 +80,31 @@ class PrefillPlan:
     num_tiles: int
     #: host copy of work_info, so host-driven kernels need no device sync
     work_info_cpu: torch.Tensor
-    #: host copies of the offsets, and which tensors (at which in-place version) they came
-    #: from: `mla_prefill` given this plan and the same unmodified tensors skips reading them
+    #: host copies of (cu_seqlens_q, cu_seqlens_k)
     cu_seqlens_host: tuple[tuple[int, ...], tuple[int, ...]]
-    source: tuple[torch.Tensor, int | None, torch.Tensor, int | None]
+    #: the plan's own int32 device copies of the offsets
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    device: torch.device
+    kernel: str = "torch"
+    #: None: planned without naming the compute mode (calls may use either)
+    fp8: bool | None = None
+    dtype: torch.dtype = torch.bfloat16
+    head_dim_qk: int = 192
+    head_dim_v: int = 128
+    workspace_bytes: int = 0
+    extra: dict = field(default_factory=dict)
+    #: what the running kernel derives from the plan once (workspace views, launch
+    #: arguments); a memo, not part of what the plan says
+    memo: dict = field(default_factory=dict, repr=False)
 
-    def built_from(self, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> bool:
-        """True when these are the very tensors the plan read, not modified in place since."""
-        sq, vq, sk, vk = self.source
-        return (sq is cu_seqlens_q and sk is cu_seqlens_k and vq is not None and vk is not None
-                and _version(cu_seqlens_q) == vq and _version(cu_seqlens_k) == vk)
+    @property
+    def seqlens_host(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return self.cu_seqlens_host
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.cu_seqlens_host[0]) - 1
 
     @property
     def num_split_tiles(self) -> int:
@@ -108,45 +128,11 @@ class PrefillPlan:
         }
 
 
-def _version(t: torch.Tensor) -> int | None:
-    """The in-place version counter, or None for inference tensors (torch.inference_mode
-    tensors keep none, so a plan cannot vouch for them and they are read again)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
-
-
-_CACHE_SIZE = 16
-_cache: OrderedDict[tuple, PrefillPlan] = OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def cached_plan(inputs, params: dict) -> PrefillPlan:
-    """`plan_prefill` for `mla_prefill` calls without a plan, remembered by batch.
-
-    A framework calls the prefill once per layer with the same batch: the plan is built
-    on the first layer and found by its sequence lengths (already on the host) after.
-    """
-    host = inputs.seqlens_host
-    build = lambda: plan_prefill(  # noqa: E731
-        inputs.cu_seqlens_q, inputs.cu_seqlens_k, num_heads=inputs.num_heads,
-        causal=inputs.causal, **params,
-    )
-    if host is None:
-        return build()
-    key = (host, inputs.num_heads, inputs.causal, tuple(sorted(params.items())), str(inputs.device))
-    with _cache_lock:
-        plan = _cache.get(key)
-        if plan is not None:
-            _cache.move_to_end(key)
-            return plan
-    plan = build()
-    with _cache_lock:
-        _cache[key] = plan
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return plan
+def _normalize_device(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _tile_order(n: int) -> list[int]:
@@ -161,33 +147,104 @@ def _tile_order(n: int) -> list[int]:
     return order
 
 
+def host_offsets(cu_seqlens_q, cu_seqlens_k, *, cpu_int64: bool = True) -> tuple[list[int], list[int]]:
+    """Checked host copies of both offsets, with at most one device read.
+
+    Device tensors (int32) are read together; CPU tensors (int32 or int64) and lists or
+    tuples of ints are read on the host.
+    """
+    tensors = [t for t in (cu_seqlens_q, cu_seqlens_k) if isinstance(t, torch.Tensor)]
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if isinstance(t, torch.Tensor):
+            wide = cpu_int64 and t.device.type == "cpu"
+            check_tensor(name, t, ndim=1, dtypes=(torch.int32, torch.int64) if wide else (torch.int32,))
+    if len(tensors) == 2 and all(t.device.type not in ("cpu", "meta") for t in tensors) \
+            and cu_seqlens_q.device == cu_seqlens_k.device:
+        both = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()  # one sync, not two
+        n = cu_seqlens_q.numel()
+        return check_cu_seqlens(both[:n], both[n:])
+    hosts = [t.tolist() if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
+             for t in (cu_seqlens_q, cu_seqlens_k)]
+    return check_cu_seqlens(*hosts)
+
+
 def plan_prefill(
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    cu_seqlens_q,
+    cu_seqlens_k,
     *,
     num_heads: int,
     causal: bool = True,
-    tile_q: int = 256,
-    kv_granularity: int = 128,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    fp8: bool | None = None,
+    head_dim_qk: int = 192,
+    head_dim_v: int = 128,
+    kernel: str = "auto",
+    tile_q: int | None = None,
+    kv_granularity: int | None = None,
     num_workers: int | None = None,
 ) -> PrefillPlan:
-    """Plan the split-KV prefill of a varlen batch.
+    """Plan the split-KV prefill of one varlen batch, for the kernel that will run it.
 
-    cu_seqlens_q, cu_seqlens_k: int32 [B+1], starting at 0, non-decreasing.
-    `num_workers` defaults to the multiprocessor count of their device (a fixed
-    number on the CPU). The result is deterministic for given arguments.
+    cu_seqlens_q, cu_seqlens_k: offsets [B+1] from 0, non-decreasing, given on the host
+    (lists/tuples of ints, CPU int tensors: no device read) or as int32 device tensors
+    (then read once, both together). `device` is where the plan and the run live
+    (default: the offsets' device). `kernel="auto"` picks the kernel for this batch as
+    `mla_prefill` would (dtype, fp8, head dims, MLA_PLUGINS_KERNEL) and plans with its own
+    parameters; `tile_q`, `kv_granularity` and `num_workers` override those parameters.
+    fp8=None plans for either compute mode (selection as for fp8=True).
     """
-    cq, ck = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
+    from .kernels.base import PlanRequest
+    from .registry import get_registry
+
+    cq, ck = host_offsets(cu_seqlens_q, cu_seqlens_k)
     check_positive_int("num_heads", num_heads)
+    if num_heads >= 1 << 15:
+        raise ValueError(f"num_heads: found {num_heads}, expected fewer than 32768")
+    for name, flag in (("causal", causal), ("fp8", fp8)):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
+    check_positive_int("head_dim_qk", head_dim_qk)
+    check_positive_int("head_dim_v", head_dim_v)
+    overrides = {}
+    for name, value in (("tile_q", tile_q), ("kv_granularity", kv_granularity),
+                        ("num_workers", num_workers)):
+        if value is not None:
+            check_positive_int(name, value)
+            overrides[name] = value
+    if device is None:
+        device = cu_seqlens_q.device if isinstance(cu_seqlens_q, torch.Tensor) else "cpu"
+    request = PlanRequest(
+        seqlens_host=(tuple(cq), tuple(ck)),
+        num_heads=num_heads,
+        causal=causal,
+        device=_normalize_device(device),
+        dtype=dtype,
+        fp8=True if fp8 is None else fp8,
+        fp8_given=fp8 is not None,
+        head_dim_qk=head_dim_qk,
+        head_dim_v=head_dim_v,
+        overrides=overrides,
+    )
+    chosen = get_registry().select(request, kernel)
+    plan = chosen.build_plan(request)
+    plan.memo["kernel"] = chosen
+    return plan
+
+
+def build_core_plan(request, *, kernel: str, tile_q: int = 256, kv_granularity: int = 128,
+                    num_workers: int | None = None) -> PrefillPlan:
+    """The core's planner (AITER's persistent-scheduling format) for a `PlanRequest`."""
+    from .device import default_num_workers
+
     check_positive_int("tile_q", tile_q)
     check_positive_int("kv_granularity", kv_granularity)
-    device = cu_seqlens_q.device
+    device = request.device
     if num_workers is None:
         num_workers = default_num_workers(device)
     check_positive_int("num_workers", num_workers)
-    if num_heads >= 1 << 15:
-        raise ValueError(f"num_heads: found {num_heads}, expected fewer than 32768")
-
+    num_heads, causal = request.num_heads, request.causal
+    cq, ck = request.seqlens_host
     batch = len(cq) - 1
 
     # (batch, qo_start, qo_end, k_start, eff_kv, units, kv_offset) per tile
@@ -254,25 +311,40 @@ def plan_prefill(
     )
     indptr = torch.cat(
         [torch.zeros(1, dtype=torch.int64), (c[:, None] * one.shape[0] + counts.cumsum(0)).flatten()]
-    ).tolist()
+    ).to(torch.int32)
     reduce_indptr = [0]
     partial_map: list[int] = []
     for _, _, locs in groups:
         partial_map.extend(locs)
         reduce_indptr.append(len(partial_map))
 
-    def dev(data, shape=None):
-        t = torch.tensor(data, dtype=torch.int32)
-        if shape is not None:
-            t = t.reshape(shape)
-        return t.to(device)
+    # Every int32 array of the plan travels in one host-to-device copy; each starts
+    # 16-byte aligned (kernels specialize on pointer alignment).
+    parts = [
+        work_info_cpu.flatten(),
+        indptr,
+        torch.tensor(reduce_indptr, dtype=torch.int32),
+        torch.tensor([x for g in groups for x in g[:2]], dtype=torch.int32),
+        torch.tensor(partial_map, dtype=torch.int32),
+        torch.tensor(cq, dtype=torch.int32),
+        torch.tensor(ck, dtype=torch.int32),
+    ]
+    offsets, n = [], 0
+    for p in parts:
+        offsets.append(n)
+        n += -(-p.numel() // 4) * 4
+    host = torch.zeros(max(n, 4), dtype=torch.int32)
+    for off, p in zip(offsets, parts, strict=True):
+        host[off : off + p.numel()] = p
+    packed = host.to(device) if device.type != "cpu" else host
+    views = [packed[off : off + p.numel()] for off, p in zip(offsets, parts, strict=True)]
 
     return PrefillPlan(
-        work_indptr=dev(indptr),
-        work_info=work_info_cpu.to(device),
-        reduce_indptr=dev(reduce_indptr),
-        reduce_final_map=dev([[g[0], g[1]] for g in groups], (-1, 2)),
-        reduce_partial_map=dev(partial_map),
+        work_indptr=views[1],
+        work_info=views[0].view(-1, 8),
+        reduce_indptr=views[2],
+        reduce_final_map=views[3].view(-1, 2),
+        reduce_partial_map=views[4],
         num_partial_tiles=pieces,
         tile_q=tile_q,
         kv_granularity=kv_granularity,
@@ -287,5 +359,49 @@ def plan_prefill(
         num_tiles=len(tiles),
         work_info_cpu=work_info_cpu,
         cu_seqlens_host=(tuple(cq), tuple(ck)),
-        source=(cu_seqlens_q, _version(cu_seqlens_q), cu_seqlens_k, _version(cu_seqlens_k)),
+        cu_seqlens_q=views[5],
+        cu_seqlens_k=views[6],
+        device=device,
+        kernel=kernel,
+        fp8=request.fp8 if request.fp8_given else None,
+        dtype=request.dtype,
+        head_dim_qk=request.head_dim_qk,
+        head_dim_v=request.head_dim_v,
     )
+
+
+_CACHE_SIZE = 16
+_cache: OrderedDict[tuple, PrefillPlan] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def cached_plan(host, *, num_heads: int, causal: bool, device: torch.device, dtype: torch.dtype,
+                fp8: bool, head_dim_qk: int, head_dim_v: int, kernel) -> PrefillPlan:
+    """The plan of `kernel` for a call without one, remembered by batch.
+
+    A framework calls the prefill once per layer with the same batch: the plan is built
+    on the first layer and found by its sequence lengths (read once per call) after.
+    """
+    from .kernels.base import PlanRequest
+
+    key = (host, num_heads, causal, str(device), dtype, fp8, head_dim_qk, head_dim_v, kernel.name)
+    with _cache_lock:
+        plan = _cache.get(key)
+        if plan is not None:
+            _cache.move_to_end(key)
+            return plan
+    request = PlanRequest(
+        seqlens_host=host, num_heads=num_heads, causal=causal, device=device, dtype=dtype,
+        fp8=fp8, fp8_given=True, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, overrides={},
+    )
+    plan = kernel.build_plan(request)
+    plan.memo["kernel"] = kernel
+    with _cache_lock:
+        _cache[key] = plan
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return plan
+
+
+__all__ = ["WORK_INFO_FIELDS", "PrefillPlan", "build_core_plan", "cached_plan", "host_offsets",
+           "plan_prefill"]

@@ -140,8 +140,8 @@ def test_calls_without_a_plan_reuse_one_per_batch(monkeypatch):
     from mla_plugins.core import plan as plan_mod
 
     built = []
-    original = plan_mod.plan_prefill
-    monkeypatch.setattr(plan_mod, "plan_prefill", lambda *a, **k: built.append(1) or original(*a, **k))
+    original = plan_mod.build_core_plan
+    monkeypatch.setattr(plan_mod, "build_core_plan", lambda *a, **k: built.append(1) or original(*a, **k))
     q, k, v, cq, ck = random_batch([300, 17], [310, 40], 2)
     ref_out, _ = reference_attention(q, k, v, cq, ck)
     for _ in range(3):  # fresh offset tensors each "layer", same lengths

@@ -8,12 +8,13 @@ talks to kernels through this interface.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from ..device import device_kind
+from ..device import device_kind, fp8_dtype_for
+from ..workspace import ALIGN, workspace_size
 
 if TYPE_CHECKING:
     from ..plan import PrefillPlan
@@ -118,7 +119,41 @@ class ConfigInputs:
     op: ClassVar[str] = "config"
 
 
-Inputs = PrefillInputs | ReduceInputs | ConfigInputs
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `plan_prefill` asks a kernel to plan: one batch, by its host offsets.
+
+    `overrides` holds planner parameters the caller named (tile_q, kv_granularity,
+    num_workers); they win over the kernel's own `plan_params`. `fp8_given` is False when
+    the caller left the compute mode open (then `fp8` is True for the selection).
+    """
+
+    seqlens_host: tuple[tuple[int, ...], tuple[int, ...]]
+    num_heads: int
+    causal: bool
+    device: torch.device
+    dtype: torch.dtype
+    fp8: bool
+    fp8_given: bool
+    head_dim_qk: int
+    head_dim_v: int
+    overrides: dict = field(default_factory=dict)
+    op: ClassVar[str] = "plan"
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seqlens_host[0]) - 1
+
+    @property
+    def total_q(self) -> int:
+        return self.seqlens_host[0][-1]
+
+    @property
+    def total_k(self) -> int:
+        return self.seqlens_host[1][-1]
+
+
+Inputs = PrefillInputs | ReduceInputs | ConfigInputs | PlanRequest
 
 
 @dataclass(frozen=True)
@@ -193,30 +228,54 @@ class Kernel:
         return reasons
 
     # -- work ----------------------------------------------------------------------------
-    def plan_params(self, inputs: PrefillInputs) -> dict:
-        """Keyword arguments for `plan_prefill` when the caller passed no plan."""
+    def plan_params(self, request) -> dict:
+        """Keyword arguments of the core planner for this kernel (`PlanRequest`, or the
+        `PrefillInputs` of a call: both carry `seqlens_host`, `num_heads`, `device`, `fp8`)."""
         return {}
+
+    def build_plan(self, request: PlanRequest) -> PrefillPlan:
+        """The plan of one batch for this kernel. The default is the core planner with
+        `plan_params` (and the caller's overrides); a kernel with its own scheduler (AITER)
+        returns a `PrefillPlan` whose `extra` carries its metadata."""
+        from ..plan import build_core_plan
+
+        params = {**self.plan_params(request), **request.overrides}
+        plan = build_core_plan(request, kernel=self.name, **params)
+        fp8 = request.fp8 if request.fp8_given else True  # open mode: room for the larger
+        nbytes = workspace_size(self.workspace_layout(
+            plan, fp8=fp8, num_heads=plan.num_heads, head_dim_v=plan.head_dim_v,
+            fp8_dtype=fp8_dtype_for(plan.device)))
+        # + ALIGN: any buffer of workspace_bytes has room to start its regions aligned
+        return replace(plan, workspace_bytes=nbytes + ALIGN)
+
+    def workspace_layout(self, plan: PrefillPlan, *, fp8: bool, num_heads: int, head_dim_v: int,
+                         fp8_dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """The scratch a run of `plan` needs, as (name, shape, dtype) regions of one workspace.
+
+        The default: the split-KV partial buffers. Kernels add their own (fp8 copies, ...).
+        """
+        rows = plan.partial_rows()
+        return [
+            ("partial_out", (rows, num_heads, head_dim_v), torch.float32),
+            ("partial_lse", (rows, num_heads), torch.float32),
+        ]
 
     def run(
         self,
         inputs: PrefillInputs,
-        plan: PrefillPlan | None,
+        plan: PrefillPlan,
         out: torch.Tensor,
         lse: torch.Tensor | None,
+        workspace: torch.Tensor | None = None,
     ) -> None:
-        """The whole prefill: plan (unless given), phase 1, then the reduce of split tiles.
+        """The whole prefill on the plan: phase 1, then the reduce of split tiles.
 
-        A kernel with its own scheduler (AITER) overrides this; the others implement
-        `prefill` and `reduce` on the core's plan.
+        `workspace` is a uint8 tensor of at least the layout's size on the inputs' device,
+        or None for the per-device shared one. A kernel with its own scheduler (AITER)
+        overrides this; the others implement `prefill` and `reduce` on the core's plan.
         """
-        from ..plan import cached_plan
-
-        if plan is None:
-            plan = cached_plan(inputs, self.plan_params(inputs))
-        rows = plan.partial_rows()
-        heads, dv = inputs.num_heads, inputs.head_dim_v
-        partial_out = torch.empty((rows, heads, dv), dtype=torch.float32, device=inputs.device)
-        partial_lse = torch.empty((rows, heads), dtype=torch.float32, device=inputs.device)
+        scratch = self.scratch(inputs, plan, workspace)
+        partial_out, partial_lse = scratch["partial_out"], scratch["partial_lse"]
         self.prefill(inputs, plan, out, lse, partial_out, partial_lse)
         if plan.num_partial_tiles:
             self.reduce(
@@ -232,6 +291,33 @@ class Kernel:
                     final_lse=lse,
                 )
             )
+
+    def scratch(self, inputs: PrefillInputs, plan: PrefillPlan,
+                workspace: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Views of the workspace by region name, made once per (plan, buffer, mode)."""
+        from ..workspace import carve, get_workspace
+
+        key = ("scratch", self.name, inputs.fp8, inputs.num_heads, inputs.head_dim_v)
+        memo = plan.memo.get(key)
+        if workspace is None:
+            if memo is not None and memo[0] is not None and memo[0].is_current():
+                return memo[2]
+            layout = self.workspace_layout(
+                plan, fp8=inputs.fp8, num_heads=inputs.num_heads, head_dim_v=inputs.head_dim_v,
+                fp8_dtype=inputs.fp8_dtype)
+            shared = get_workspace(inputs.device)
+            buffer = shared.get(workspace_size(layout))
+            views = carve(buffer, layout)
+            plan.memo[key] = (shared.lease(), buffer, views)
+            return views
+        if memo is not None and memo[1] is workspace:
+            return memo[2]
+        layout = self.workspace_layout(
+            plan, fp8=inputs.fp8, num_heads=inputs.num_heads, head_dim_v=inputs.head_dim_v,
+            fp8_dtype=inputs.fp8_dtype)
+        views = carve(workspace, layout, name="workspace", device=inputs.device)
+        plan.memo[key] = (None, workspace, views)
+        return views
 
     def prefill(
         self,
@@ -257,9 +343,8 @@ class Kernel:
         raise NotImplementedError
 
     def info(self, device: torch.device) -> KernelInfo:
-        reasons = list(self.environment_reasons())
-        if not reasons:
-            reasons += self._device_kind_reasons(device)
+        # the device first: "needs a GPU" is what a CPU user must read, not a missing library
+        reasons = self._device_kind_reasons(device) + list(self.environment_reasons())
         return KernelInfo(self.name, not reasons, reasons, self.description)
 
     def _device_kind_reasons(self, device: torch.device) -> list[str]:
