@@ -177,7 +177,7 @@ class KernelRegistry:
             return chosen
         rejected: dict[str, list[str]] = {}
         for candidate in self.kernels():
-            reasons = self.reasons(candidate, inputs)
+            reasons = self.reasons(candidate, inputs) or self.auto_reasons(candidate, inputs)
             if not reasons:
                 self._log_choice(inputs, candidate, rejected)
                 return candidate
@@ -189,7 +189,16 @@ class KernelRegistry:
 
     def rejections(self, inputs: Inputs) -> dict[str, list[str]]:
         """Every kernel's reasons against `inputs` ([] for the ones that can run them)."""
-        return {k.name: self.reasons(k, inputs) for k in self.kernels()}
+        return {k.name: self.reasons(k, inputs) or self.auto_reasons(k, inputs) for k in self.kernels()}
+
+    def auto_reasons(self, kernel: Kernel, inputs: Inputs) -> list[str]:
+        """Why kernel="auto" passes over a kernel that could run `inputs` if pinned
+        (`Kernel.auto_reasons`; the Triton interpreter on a CPU, say)."""
+        try:
+            return list(kernel.auto_reasons(inputs))
+        except (Exception, SystemExit) as exc:
+            return [f"its auto_reasons() raised {type(exc).__name__}: {exc} (kernel plugin "
+                    f"{self.provider(kernel)!r})"]
 
     def _log_choice(self, inputs: Inputs, chosen: Kernel, rejected: dict[str, list[str]]) -> None:
         key = (inputs.op, chosen.name, describe(inputs))

@@ -155,3 +155,61 @@ def test_kernel_build_plan_hook_is_used():
         TorchKernel.build_plan = original
     assert len(calls) == 1 and calls[0].overrides == {"tile_q": 16} and calls[0].seqlens_host[1] == (0, 9)
     assert plan.tile_q == 16 and plan.kernel == "torch"
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """TRITON_INTERPRET=1 with the Triton provider taken as installed (this env may lack it)."""
+    from mla_plugins.core import registry
+    from mla_plugins.core.kernels import triton_kernel
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("MLA_PLUGINS_KERNEL", raising=False)
+    monkeypatch.setattr(triton_kernel.TritonKernel, "environment_reasons", lambda self: [])
+    registry.reset_registry()
+    yield registry.get_registry()
+    registry.reset_registry()
+
+
+def test_auto_never_takes_triton_on_a_cpu(interpreter, monkeypatch):
+    """Issue 13: under the interpreter the Triton kernel runs on a CPU, but only when pinned,
+    and never in bf16 (the interpreter's bf16 gives garbage)."""
+    from mla_plugins.core.kernels.base import ConfigInputs
+
+    cpu = torch.device("cpu")
+    fp16 = ConfigInputs(16, 192, 128, torch.float16, cpu, False)
+    bf16 = ConfigInputs(16, 192, 128, torch.bfloat16, cpu, False)
+    assert interpreter.select(fp16).name == "torch"
+    assert interpreter.select(bf16).name == "torch"
+    assert interpreter.select(fp16, "triton").name == "triton"
+    with pytest.raises(mla_plugins.KernelNotSupportedError, match="bfloat16 is refused under the Triton interpreter"):
+        interpreter.select(bf16, "triton")
+    monkeypatch.setenv("MLA_PLUGINS_KERNEL", "triton")
+    assert interpreter.select(fp16).name == "triton"
+    with pytest.raises(mla_plugins.KernelNotSupportedError, match="MLA_PLUGINS_KERNEL='triton' cannot run"):
+        interpreter.select(bf16)
+    monkeypatch.delenv("MLA_PLUGINS_KERNEL")
+    # plans follow the same rule
+    assert mla_plugins.plan_prefill([0, 8], [0, 8], num_heads=16, dtype=torch.float16).kernel == "torch"
+    assert mla_plugins.plan_prefill([0, 8], [0, 8], num_heads=16, dtype=torch.float16,
+                                    kernel="triton").kernel == "triton"
+    # what `mla-plugins check` / `doctor` print comes from here
+    info = next(i for i in mla_plugins.available_kernels("cpu") if i.name == "triton")
+    assert info.available and any("chosen only when pinned" in r for r in info.reasons)
+    assert any("bfloat16 is refused" in r for r in info.reasons)
+    reasons = interpreter.rejections(fp16)["triton"]
+    assert reasons and "chosen only when pinned" in reasons[0]
+
+
+def test_triton_off_the_interpreter_is_not_offered_on_a_cpu(monkeypatch):
+    from mla_plugins.core import registry
+    from mla_plugins.core.kernels import triton_kernel
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(triton_kernel.TritonKernel, "environment_reasons", lambda self: [])
+    registry.reset_registry()
+    try:
+        info = next(i for i in mla_plugins.available_kernels("cpu") if i.name == "triton")
+        assert not info.available and "device cpu not supported" in info.reasons[0]
+    finally:
+        registry.reset_registry()

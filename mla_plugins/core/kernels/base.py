@@ -200,6 +200,12 @@ class Kernel:
     def extra_reasons(self, inputs: Inputs) -> list[str]:
         return []
 
+    def auto_reasons(self, inputs: Inputs) -> list[str]:
+        """Why kernel="auto" must not take this kernel for `inputs` although it can run them
+        when pinned (kernel="<name>" or MLA_PLUGINS_KERNEL): the registry consults this only
+        for the automatic choice."""
+        return []
+
     def not_supported_reasons(self, inputs: Inputs) -> list[str]:
         reasons = list(self.environment_reasons())
         reasons += self._device_kind_reasons(inputs.device)

@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..device import default_num_workers, device_arch, device_kind
-from .base import Kernel, PrefillInputs, ReduceInputs
+from .base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
 
 if TYPE_CHECKING:
     from ..plan import PrefillPlan
@@ -32,6 +32,16 @@ logger = logging.getLogger("mla_plugins.core.kernels.triton_kernel")
 #: ROCm archs the kernels are written for (e4m3fnuz on gfx942, e4m3fn on gfx950); not run here
 ROCM_ARCHS = ("gfx942", "gfx950")
 
+
+#: why kernel="auto" never takes the Triton kernel on a CPU, and what bf16 does there
+CPU_ONLY_PINNED = (
+    "on the CPU only the Triton interpreter (TRITON_INTERPRET=1) runs it, slowly: chosen only "
+    "when pinned (kernel='triton' or MLA_PLUGINS_KERNEL=triton), never by kernel='auto'"
+)
+INTERPRETER_BF16 = (
+    "bfloat16 is refused under the Triton interpreter (numpy has no bfloat16: results would "
+    "be wrong); use float16 there, or another kernel"
+)
 
 #: tests set this to run the aligned-blocks path where it is not needed (the interpreter)
 _FORCE_ALIGN = False
@@ -231,7 +241,9 @@ class TritonKernel(Kernel):
     # -- capabilities ---------------------------------------------------------------------
     def environment_reasons(self) -> list[str]:
         if importlib.util.find_spec("triton") is None:
-            return ["triton is not installed (pip install 'mla-plugins[triton]')"]
+            from ..advice import triton_install_hint  # the right advice differs per platform
+
+            return [f"triton is not installed ({triton_install_hint()})"]
         return []
 
     def device_reasons(self, device: torch.device) -> list[str]:
@@ -247,7 +259,15 @@ class TritonKernel(Kernel):
                 return [f"ROCm arch {arch} found, written for {', '.join(self.rocm_archs)}"]
         return []
 
+    def auto_reasons(self, inputs) -> list[str]:
+        if device_kind(inputs.device) == "cpu":
+            return [CPU_ONLY_PINNED]
+        return []
+
     def extra_reasons(self, inputs) -> list[str]:
+        if _interpreting() and inputs.dtype == torch.bfloat16:
+            # numpy has no bfloat16: the interpreter's bf16 loads give garbage (issue 13)
+            return [INTERPRETER_BF16]
         if inputs.op == "reduce" or not inputs.fp8 or device_kind(inputs.device) != "cuda":
             return []
         cap = torch.cuda.get_device_capability(inputs.device)
@@ -266,6 +286,13 @@ class TritonKernel(Kernel):
         sms = default_num_workers(inputs.device)
         workers = split_workers(q_lens, k_lens, inputs.num_heads, tile_q, sms)
         return {"tile_q": tile_q, "kv_granularity": 128, "num_workers": workers}
+
+    def info(self, device: torch.device) -> KernelInfo:
+        info = super().info(device)
+        if info.available and device_kind(device) == "cpu":
+            # runnable when pinned, never chosen automatically: say so in check/doctor
+            return replace(info, reasons=[CPU_ONLY_PINNED, INTERPRETER_BF16])
+        return info
 
     def _warn_rocm(self, device: torch.device) -> None:
         if device_kind(device) == "rocm" and not self._rocm_warned:
