@@ -93,8 +93,8 @@ def _check_device(text: str | None) -> torch.device:
 def check(args: argparse.Namespace, console: Console) -> int:
     if args.heads < 1 or args.heads > MAX_NUM_HEADS:
         raise UsageError(
-            f"--heads: found {args.heads}, expected a head count from 1 to {MAX_NUM_HEADS} "
-            "(e.g. --heads 16, DeepSeek-V3 per GPU at TP=8)"
+            f"--heads: found {args.heads}, expected a head count from 1 to {MAX_NUM_HEADS}; "
+            "pass e.g. --heads 16 (DeepSeek-V3 per GPU at TP=8)"
         )
     device = _check_device(args.device)
     q, k, v, cu_q, cu_k = _batch(device, args.heads, args.seed)

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .validation import check_cu_seqlens, check_positive_int, check_tensor
+from .validation import (
+    check_cu_seqlens,
+    check_device,
+    check_partial_rows,
+    check_plan_param,
+    check_positive_int,
+    check_tensor,
+)
 
 WORK_INFO_FIELDS = (
     "batch_idx",
@@ -129,7 +136,12 @@ class PrefillPlan:
 
 
 def _normalize_device(device) -> torch.device:
-    device = torch.device(device)
+    device = check_device("device", device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device: found {str(device)!r}, but no CUDA or ROCm device is visible to this torch "
+            f"({torch.__version__}); plan for device='cpu' or on a machine with a GPU"
+        )
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -210,7 +222,7 @@ def plan_prefill(
     for name, value in (("tile_q", tile_q), ("kv_granularity", kv_granularity),
                         ("num_workers", num_workers)):
         if value is not None:
-            check_positive_int(name, value)
+            check_plan_param(name, value)  # bounded: a huge worker count would hang the planner
             overrides[name] = value
     if device is None:
         device = cu_seqlens_q.device if isinstance(cu_seqlens_q, torch.Tensor) else "cpu"
@@ -237,12 +249,12 @@ def build_core_plan(request, *, kernel: str, tile_q: int = 256, kv_granularity: 
     """The core's planner (AITER's persistent-scheduling format) for a `PlanRequest`."""
     from .device import default_num_workers
 
-    check_positive_int("tile_q", tile_q)
-    check_positive_int("kv_granularity", kv_granularity)
+    check_plan_param("tile_q", tile_q)
+    check_plan_param("kv_granularity", kv_granularity)
     device = request.device
     if num_workers is None:
         num_workers = default_num_workers(device)
-    check_positive_int("num_workers", num_workers)
+    check_plan_param("num_workers", num_workers)
     num_heads, causal = request.num_heads, request.causal
     cq, ck = request.seqlens_host
     batch = len(cq) - 1
@@ -300,6 +312,7 @@ def build_core_plan(request, *, kernel: str, tile_q: int = 256, kv_granularity: 
             remaining = max(remaining - take, 0)
         if tile_pieces:
             groups.append((q0, q1, tile_pieces))
+    check_partial_rows(pieces, tile_q)  # partial rows are int32 offsets
 
     # The clusters repeat one walk on their own heads: replicate it as tensors, not lists.
     one = torch.tensor([item for items in per_worker for item in items], dtype=torch.int32).reshape(-1, 7)

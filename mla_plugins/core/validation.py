@@ -16,6 +16,7 @@ MAX_NUM_WORKERS = 1 << 16
 MAX_TILE_Q = 1 << 20
 MAX_KV_GRANULARITY = 1 << 20
 MAX_NUM_HEADS = (1 << 15) - 1  # head ranges pack two 16-bit head indices into one int32
+PLAN_MAXIMA = {"tile_q": MAX_TILE_Q, "kv_granularity": MAX_KV_GRANULARITY, "num_workers": MAX_NUM_WORKERS}
 
 
 def check_positive_int(name: str, value, *, maximum: int | None = None) -> None:
@@ -190,11 +191,9 @@ def offsets_tensor(name: str, value, host: list[int], device: torch.device) -> t
     return torch.tensor(host, dtype=torch.int32, device=device)
 
 
-def check_plan_args(*, num_heads, tile_q, kv_granularity, num_workers) -> None:
-    check_positive_int("num_heads", num_heads, maximum=MAX_NUM_HEADS)
-    check_positive_int("tile_q", tile_q, maximum=MAX_TILE_Q)
-    check_positive_int("kv_granularity", kv_granularity, maximum=MAX_KV_GRANULARITY)
-    check_positive_int("num_workers", num_workers, maximum=MAX_NUM_WORKERS)
+def check_plan_param(name: str, value) -> None:
+    """tile_q, kv_granularity or num_workers: a positive int within PLAN_MAXIMA."""
+    check_positive_int(name, value, maximum=PLAN_MAXIMA[name])
 
 
 def check_partial_rows(num_pieces: int, tile_q: int) -> None:
