@@ -208,8 +208,7 @@ def mla_prefill(
                 "([total_q, H, Dv] in q's dtype)"
             )
         check_same_device("q", q, out=out)
-        if out.stride(-1) != 1:
-            raise ValueError(f"out: found strides {out.stride()}, expected a unit stride in the last dim")
+        check_writable_layout("out", out)  # also refuses expanded (stride 0) views
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: found {type(return_lse).__name__}, expected bool")
     if plan is not None:

@@ -69,7 +69,7 @@ PREFILL_SPOILERS = {
         lambda a: a["q"][..., :0], lambda a: a["q"][:, :0],
     ],
     "k": [lambda a: a["k"].half(), lambda a: a["k"][..., :64], lambda a: a["k"][:, :1], lambda a: 3],
-    "v": [lambda a: a["v"][:1], lambda a: a["v"].double(), lambda a: "v"],
+    "v": [lambda a: torch.cat([a["v"], a["v"][:1]]), lambda a: a["v"].double(), lambda a: "v"],
     "cu_seqlens_q": [
         lambda a: a["cu_seqlens_q"].float(), lambda a: a["cu_seqlens_q"][None],
         lambda a: torch.tensor([1, 5, 12], dtype=torch.int32), lambda a: [0, 12.5],
@@ -103,13 +103,11 @@ def prefill_args(lens, heads):
     return dict(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck)
 
 
-@SETTINGS
-@given(
-    lens=st.lists(st.integers(1, 20), min_size=1, max_size=3),
-    heads=st.sampled_from([2, 3]),
-    spoiler=st.sampled_from([(n, i) for n, fs in PREFILL_SPOILERS.items() for i in range(len(fs))]),
-)
-def test_prefill_bad_inputs_name_the_argument(lens, heads, spoiler):
+@pytest.mark.parametrize("spoiler", [(n, i) for n, fs in PREFILL_SPOILERS.items() for i in range(len(fs))],
+                         ids=lambda s: f"{s[0]}-{s[1]}")
+@settings(SETTINGS, max_examples=3)
+@given(lens=st.lists(st.integers(1, 20), min_size=1, max_size=3), heads=st.sampled_from([2, 3]))
+def test_prefill_bad_inputs_name_the_argument(spoiler, lens, heads):
     arg, index = spoiler
     args = prefill_args(lens, heads)
     kwargs = dict(fp8=False)
@@ -180,12 +178,11 @@ REDUCE_SPOILERS = {
 }
 
 
-@SETTINGS
-@given(
-    tiles=st.integers(1, 4), pieces=st.integers(2, 4), tile_q=st.sampled_from([4, 8, 16]),
-    spoiler=st.sampled_from([(n, i) for n, fs in REDUCE_SPOILERS.items() for i in range(len(fs))]),
-)
-def test_reduce_bad_inputs_name_the_argument(tiles, pieces, tile_q, spoiler):
+@pytest.mark.parametrize("spoiler", [(n, i) for n, fs in REDUCE_SPOILERS.items() for i in range(len(fs))],
+                         ids=lambda s: f"{s[0]}-{s[1]}")
+@settings(SETTINGS, max_examples=4)
+@given(tiles=st.integers(1, 4), pieces=st.integers(2, 4), tile_q=st.sampled_from([4, 8, 16]))
+def test_reduce_bad_inputs_name_the_argument(spoiler, tiles, pieces, tile_q):
     arg, index = spoiler
     args = reduce_args(tiles, pieces, tile_q)
     args[arg] = REDUCE_SPOILERS[arg][index](args)
@@ -233,12 +230,11 @@ PLAN_SPOILERS = {
 }
 
 
-@SETTINGS
-@given(
-    lens=st.lists(st.integers(0, 300), min_size=1, max_size=4),
-    spoiler=st.sampled_from([(n, i) for n, fs in PLAN_SPOILERS.items() for i in range(len(fs))]),
-)
-def test_plan_bad_inputs_name_the_argument(lens, spoiler):
+@pytest.mark.parametrize("spoiler", [(n, i) for n, fs in PLAN_SPOILERS.items() for i in range(len(fs))],
+                         ids=lambda s: f"{s[0]}-{s[1]}")
+@settings(SETTINGS, max_examples=3)
+@given(lens=st.lists(st.integers(0, 300), min_size=1, max_size=4))
+def test_plan_bad_inputs_name_the_argument(spoiler, lens):
     arg, index = spoiler
     offsets = [0]
     for n in lens:
@@ -298,8 +294,8 @@ CONFIG_SPOILERS = {
 }
 
 
-@SETTINGS
-@given(spoiler=st.sampled_from([(n, v) for n, vs in CONFIG_SPOILERS.items() for v in vs]))
+@pytest.mark.parametrize("spoiler", [(n, v) for n, vs in CONFIG_SPOILERS.items() for v in vs],
+                         ids=lambda s: f"{s[0]}-{s[1]!r}")
 def test_unsupported_reasons_bad_inputs_name_the_argument(spoiler):
     arg, value = spoiler
     assert_names(lambda: mla_plugins.unsupported_reasons(**{**CONFIG, arg: value}), arg)
