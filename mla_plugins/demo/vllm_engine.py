@@ -41,6 +41,8 @@ def worker_facts(worker) -> dict:
     model = worker.model_runner.get_model()
     backends = sorted({type(m.prefill_backend).__name__ for m in model.modules()
                        if getattr(m, "prefill_backend", None) is not None})
+    impls = sorted({type(m.impl).__name__ for m in model.modules()
+                    if getattr(m, "prefill_backend", None) is not None and hasattr(m, "impl")})
     parallel = cfg.parallel_config
     return {
         "pid": os.getpid(),
@@ -49,6 +51,7 @@ def worker_facts(worker) -> dict:
         "heads_per_rank": cfg.model_config.get_num_attention_heads(parallel),
         "selected_mla_prefill_backend": None if selected is None else selected.name,
         "layer_prefill_backends": backends,
+        "layer_attention_impls": impls,
         "chunked_prefill": cfg.scheduler_config.enable_chunked_prefill,
         "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
     }
@@ -99,13 +102,17 @@ def run_engine(
     os.environ.update(env)
     if trace_file:
         Path(trace_file).unlink(missing_ok=True)
-    kwargs = {}
+    # vLLM's CPU platform prefers its AMX_MLA attention backend where the CPU has AMX; that
+    # backend runs its own prefill (forward_mha) and never calls an MLA prefill backend,
+    # neither ours nor vLLM's CPU SDPA one. CPU_MLA is the MLA backend that does, for both runs.
+    attention_config: dict = {"backend": "CPU_MLA"}
     if select_by_name:
         # LLM() parses attention_config before it loads plugins; a dynamic name needs them first.
         from vllm.plugins import load_general_plugins
 
         load_general_plugins()
-        kwargs["attention_config"] = {"mla_prefill_backend": select_by_name}
+        attention_config["mla_prefill_backend"] = select_by_name
+    kwargs = {"attention_config": attention_config}
     llm = LLM(
         model=str(model), skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
         max_model_len=2048, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=4,

@@ -15,6 +15,9 @@ planned there, once, from the host copies vLLM already has (`query_lens_cpu`, ea
 per-layer calls pass the plan and no offsets, so they read nothing back from the device.
 Scratch comes from vLLM's workspace manager (`current_workspace_manager()`), reserved for
 the largest batch when the backend is built, so vLLM's memory profile counts it.
+VLLM_GPU_SYNC_CHECK=error: the only device transfer is the plans' copy to the device in
+`prepare_metadata`, once per batch, inside vLLM's `gpu_sync_allowed()`; the per-layer calls
+need no allow-region.
 
 FP8 rule (the same for both adapters, `mla_plugins.fp8_requested`): MLA_PLUGINS_FP8=1
 forces FP8, =0 forces bf16/fp16, otherwise FP8 iff the KV cache dtype is fp8*.
@@ -161,6 +164,35 @@ def config_reasons(
     return reasons
 
 
+_warned_amx = False
+
+
+def _warn_if_amx_mla_bypasses_us(vllm_config) -> None:
+    """vLLM's CPU platform takes AMX_MLA for MLA models where the CPU has AMX (unless
+    attention backend CPU_MLA is asked for); AMX_MLA's forward_mha runs its own prefill and
+    never calls the MLA prefill backend, so this one would be built but never run."""
+    global _warned_amx
+    try:
+        from vllm.platforms import CpuArchEnum, current_platform
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        bypassed = (
+            current_platform.is_cpu()
+            and current_platform.get_cpu_architecture() == CpuArchEnum.X86
+            and torch.cpu._is_amx_tile_supported()
+            and vllm_config.attention_config.backend != AttentionBackendEnum.CPU_MLA
+        )
+    except Exception:  # a vLLM laid out otherwise: nothing to say
+        return
+    if bypassed and not _warned_amx:
+        _warned_amx = True
+        logger.warning(
+            "MLA_PLUGINS prefill: vLLM picks its AMX_MLA attention backend on this CPU, which runs "
+            "its own prefill and never calls MLA prefill backends (this one included); pass "
+            "attention_config {\"backend\": \"CPU_MLA\"} (--attention-backend CPU_MLA) to use it"
+        )
+
+
 def _record_plan_event(**fields) -> None:
     """One MLA_PLUGINS_TRACE line per planned batch (entry "plan"), beside the core's
     one line per prefill call: shows how often each process plans."""
@@ -266,6 +298,8 @@ class MLAPluginsPrefillBackend(MLAPrefillBackend):
         )
         if reasons:
             raise ValueError("MLA_PLUGINS prefill backend cannot serve this model: " + " | ".join(reasons))
+        if vllm_config is not None and getattr(vllm_config, "model_config", None) is not None:
+            _warn_if_amx_mla_bypasses_us(vllm_config)
         self._new_tokens_plan = None
         #: chunk.index -> (the chunk object it was planned for, its plan)
         self._chunk_plans: dict = {}
@@ -314,13 +348,18 @@ class MLAPluginsPrefillBackend(MLAPrefillBackend):
             with _gpu_sync_allowed():
                 cu_q = prefill_metadata.query_start_loc.tolist()
             q_lens = [b - a for a, b in zip(cu_q, cu_q[1:], strict=False)]
-        self._new_tokens_plan = self._plan(cu_q, cu_q, causal=True, device=device)
-        self._chunk_plans = {}
         chunked = prefill_metadata.chunked_context
-        for chunk in chunked.chunks if chunked is not None else ():
-            chunk_q = _offsets(q_lens[chunk.request_slice])
-            chunk_k = _offsets(chunk.seq_lens.tolist())  # pinned CPU in vLLM
-            self._chunk_plans[chunk.index] = (chunk, self._plan(chunk_q, chunk_k, causal=False, device=device))
+        chunks = chunked.chunks if chunked is not None else ()
+        self._chunk_plans = {}
+        # the plans' host-to-device copies, once per batch (as vLLM's FlashInfer prefill
+        # allows its plan()); the per-layer calls then read and copy nothing
+        with _gpu_sync_allowed():
+            self._new_tokens_plan = self._plan(cu_q, cu_q, causal=True, device=device)
+            for chunk in chunks:
+                chunk_q = _offsets(q_lens[chunk.request_slice])
+                chunk_k = _offsets(chunk.seq_lens.tolist())  # pinned CPU in vLLM
+                plan = self._plan(chunk_q, chunk_k, causal=False, device=device)
+                self._chunk_plans[chunk.index] = (chunk, plan)
         planned = 1 + len(self._chunk_plans)
         self.stats["batches"] += 1
         self.stats["plans"] += planned

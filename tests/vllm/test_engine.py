@@ -32,6 +32,8 @@ def demo(tmp_path_factory):
 def test_builtin_run_uses_vllms_prefill_and_writes_no_trace(demo):
     run = demo["runs"]["builtin_bf16"]
     assert run["worker"]["layer_prefill_backends"] == ["CPUSDPAMLAPrefillBackend"]
+    # every run on CPU_MLA, the MLA backend that calls its prefill backend (not AMX_MLA)
+    assert {r["worker"]["layer_attention_impls"][0] for r in demo["runs"].values()} == {"CPUMLAImpl"}
     assert run["trace"] == []
 
 

@@ -52,6 +52,8 @@ def test_engine_runs_two_ranks_with_half_the_heads_each(tp_demo, label):
     assert {w["heads_per_rank"] for w in workers} == {HEADS // TP}
     expected = "CPUSDPAMLAPrefillBackend" if label == "builtin_bf16" else "MLAPluginsPrefillBackend"
     assert all(w["layer_prefill_backends"] == [expected] for w in workers)
+    # the MLA backend that calls the prefill backend (AMX_MLA, vLLM's pick on AMX CPUs, does not)
+    assert all(w["layer_attention_impls"] == ["CPUMLAImpl"] for w in workers)
     assert all(w["chunked_prefill"] for w in workers)
 
 
