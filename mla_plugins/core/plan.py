@@ -1,14 +1,15 @@
-"""The split-KV work plan, in AITER's persistent-scheduling format (`get_ps_metadata_v1`).
+"""The split-KV work plan: AITER's persistent-scheduling layout, not its exact meaning.
 
-Built on the host, like AITER's own planner: the query of every sequence is cut into
-tiles of `tile_q` rows; each tile's visible keys are counted in units of
-`kv_granularity` tokens; the heads are split into `gcd(num_heads, num_workers)`
-clusters, each served by `num_workers / clusters` workers with an equal quota of units
-(the first `total % workers` get one more). Walking the tiles in order, a worker that
-can finish a tile emits one work item; otherwise it takes its remaining quota as a
-piece of the tile, and the tile is merged later by the reduce.
+Built on the host, like AITER's own planner (`get_ps_metadata_v1`, v1_2_host.cuh): the
+query of every sequence is cut into tiles of `tile_q` rows in ping-pong order (0, n-1,
+1, ...); each tile's visible keys are counted in units of `kv_granularity` tokens; the
+heads are split into `gcd(num_heads, num_workers)` clusters, each served by
+`num_workers / clusters` workers with an equal quota of units (the first
+`total % workers` get one more). Walking the tiles in order, a worker that can finish a
+tile emits one work item; otherwise it takes its remaining quota as a piece of the tile,
+and the tile is merged later by the reduce.
 
-`work_info` rows are 8 int32, as AITER's:
+`work_info` rows are 8 int32 in AITER's field order:
     [batch_idx, partial_o_loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head_range]
 - `qo_start, qo_end`: absolute rows of q / out covered by the item;
 - `kv_start, kv_end`: absolute rows of k / v the item attends over;
@@ -18,6 +19,34 @@ piece of the tile, and the tile is merged later by the reduce.
   output), otherwise the first row of its piece in the partial buffers
   (`tile_q * piece_index`);
 - `head_range`: `head_lo | head_hi << 16`, heads `[head_lo, head_hi)`.
+`reduce_indptr` / `reduce_final_map` / `reduce_partial_map` are CSR groups of pieces per
+split tile, as the reduce (ours and AITER's mla_reduce_v1) reads them.
+
+Where the meaning differs from what AITER's planner writes (so neither side's metadata
+may be fed to the other side's kernels; the AITER provider runs AITER's own planner):
+- `kv_offset`: ours is the diagonal above, on every item. AITER's is 0 on an item that
+  ends its tile and, on a piece that stops inside one, the KV tokens of the sequence left
+  after the piece (`k_len - (kv_end - seq_kv_start)`).
+- items per cluster vs per KV head: our item covers every head of its cluster
+  (`head_range` = the cluster's heads); AITER repeats the walk once per KV head, each item
+  one KV head wide (`q_head_range` = that head's `qhead_granularity` query heads), so it
+  has `num_heads / clusters` times as many items.
+- `kv_end`: ours stops at the tile's causal limit; AITER's is rounded up to the next
+  `kv_granularity` unit and clamped to the sequence end only (keys past the diagonal are
+  left to the kernel's mask).
+- tiles with no visible key: we emit an empty item (kv_start == kv_end) so their rows get
+  0 / -inf; AITER emits them only if a worker with quota left walks past them (none after
+  the last unit: those rows are never written), and its C integer division gives a tile
+  ending 128+ rows above the diagonal a negative unit count.
+- quotas: our last worker of a cluster takes whatever is left; AITER's take exactly
+  their quota.
+- `reduce_final_map`: ours lists split tiles in walk order; AITER's is sorted by
+  (qo_start, qo_end) (a std::map), each group's pieces sorted.
+- buffers: ours are exact-size tensors; AITER fills fixed-size buffers from
+  `get_ps_metadata_info_v1`, zeroes their tails and pads `reduce_indptr` with the final
+  count.
+- lse: our kernels write lse for every row; AITER's reduce writes none for unsplit tiles
+  (unless need_lse, ROCm/aiter#3606) and +inf for split rows that see no key.
 """
 from __future__ import annotations
 
