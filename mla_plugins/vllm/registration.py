@@ -77,7 +77,7 @@ def _register() -> list[str]:
         return [f"nothing (vLLM {version} unsupported)"]
     did = _register_prefill_backend()
     did += _apply_overrides(os.environ.get(OVERRIDE_ENV, ""))
-    if os.environ.get(CPU_CHUNKED_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    if mla_plugins.env_flag(CPU_CHUNKED_ENV, False):  # one parser for every on/off variable
         did += _keep_cpu_chunked_prefill()
     did += install_aiter_shim()
     return did
