@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -16,12 +18,16 @@ logger = logging.getLogger("mla_plugins.vllm.registration")
 BACKEND_NAME = "MLA_PLUGINS"
 PREFILL_CLASS_PATH = "mla_plugins.vllm.prefill.MLAPluginsPrefillBackend"
 ROCM_BACKEND_CLASS_PATH = "mla_plugins.vllm.rocm_backend.MLAPluginsAiterMLABackend"
+ROCM_TRITON_BACKEND_CLASS_PATH = "mla_plugins.vllm.rocm_backend.MLAPluginsAiterTritonMLABackend"
 #: [min, max) of the vLLM versions this adapter knows the internals of.
 SUPPORTED_VLLM = ((0, 32), (0, 34))
 OVERRIDE_ENV = "MLA_PLUGINS_VLLM_OVERRIDE"
 CPU_CHUNKED_ENV = "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL"
 #: whole attention-backend slots the override switch can take (prefill slots are read from vLLM)
-WHOLE_BACKEND_SLOTS = {"ROCM_AITER_MLA": ROCM_BACKEND_CLASS_PATH}
+WHOLE_BACKEND_SLOTS = {
+    "ROCM_AITER_MLA": ROCM_BACKEND_CLASS_PATH,
+    "ROCM_AITER_TRITON_MLA": ROCM_TRITON_BACKEND_CLASS_PATH,
+}
 
 _lock = threading.Lock()
 _done = False
@@ -65,21 +71,24 @@ def _register() -> list[str]:
     import vllm
 
     version = getattr(vllm, "__version__", "unknown")
+    # by structure, not version: every release whose AiterMLAImpl binds _mla_reduce_v1
+    did = install_aiter_shim()
     if not _supported(version):
         if not _warned_version:
             _warned_version = True
             lo, hi = SUPPORTED_VLLM
             logger.warning(
-                "mla-plugins: found vLLM %s, expected >= %d.%d and < %d.%d; leaving vLLM untouched "
-                "(install a supported vLLM or an mla-plugins release that supports %s)",
-                version, *lo, *hi, version,
+                "mla-plugins: found vLLM %s, expected >= %d.%d and < %d.%d for its MLA prefill "
+                "backend and %s; neither is registered (install a supported vLLM or an "
+                "mla-plugins release that supports %s). Only the AITER reduce shim applies, "
+                "where this vLLM's AiterMLAImpl has the layout it knows.",
+                version, *lo, *hi, OVERRIDE_ENV, version,
             )
-        return [f"nothing (vLLM {version} unsupported)"]
-    did = _register_prefill_backend()
+        return did + [f"no prefill backend (vLLM {version} unsupported)"]
+    did += _register_prefill_backend()
     did += _apply_overrides(os.environ.get(OVERRIDE_ENV, ""))
     if mla_plugins.env_flag(CPU_CHUNKED_ENV, False):  # one parser for every on/off variable
         did += _keep_cpu_chunked_prefill()
-    did += install_aiter_shim()
     return did
 
 
@@ -189,44 +198,126 @@ def _keep_cpu_chunked_prefill() -> list[str]:
     return ["CPU chunked prefill kept for MLA"]
 
 
-_shim_logged = False
+#: the module whose AiterMLAImpl binds `self._mla_reduce_v1` from aiter (vLLM 0.22 and later)
+AITER_MLA_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
+
+_shim_logged: set[str] = set()
+
+
+def _log_once(key: str, level: int, msg: str, *args) -> None:
+    if key not in _shim_logged:
+        _shim_logged.add(key)
+        logger.log(level, msg, *args)
 
 
 def install_aiter_shim() -> list[str]:
-    """Bind vLLM's AiterMLAImpl._mla_reduce_v1 to mla_plugins.aiter_mla_reduce_v1 when AMD AITER imports."""
-    global _shim_logged
+    """Shim vLLM's AiterMLAImpl reduce call, by structure, on any vLLM version.
+
+    Cheap and GPU-free: runs in every vLLM process (API server, engine core, workers). It
+    neither imports aiter nor asks torch about the GPU (on ROCm that creates a HIP context and
+    vLLM falls back from fork to spawn). It wraps `AiterMLAImpl.__init__` when vLLM imports
+    its AITER MLA module (now, if it already has); the wrapper probes AITER only after
+    vLLM's own `__init__` has imported it, i.e. in the process that builds the model.
+    """
     if not mla_plugins.shim_enabled():
         return ["AITER shim off (MLA_PLUGINS_SHIM=0)"]
     if importlib.util.find_spec("aiter") is None:  # the common case: no probe, no cost
         return []
-    status = mla_plugins.probe_aiter()
-    if not status.is_amd_aiter:
-        if not _shim_logged:
-            _shim_logged = True
-            logger.info("mla-plugins: vLLM AITER shim not installed: %s", status.reason)
-        return []
-    from vllm.v1.attention.backends.mla import rocm_aiter_mla
+    module = sys.modules.get(AITER_MLA_MODULE)
+    if module is not None:
+        return [_wrap_aiter_mla_impl(module)]
+    if not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WrapOnImport())
+    return [f"AITER shim waits for {AITER_MLA_MODULE}"]
 
-    impl = rocm_aiter_mla.AiterMLAImpl
+
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Runs `_wrap_aiter_mla_impl` right after vLLM's AITER MLA module executes, then steps aside."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != AITER_MLA_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            try:
+                _wrap_aiter_mla_impl(module)
+            except Exception:  # never break vLLM's import of its own backend
+                logger.exception("mla-plugins: wrapping %s.AiterMLAImpl failed; left as it is",
+                                 AITER_MLA_MODULE)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _structure_mismatch(impl) -> str | None:
+    """Why `impl` is not the AiterMLAImpl this shim knows, or None when it is.
+
+    Known: `__init__` stores `self._mla_reduce_v1` (bound from aiter) and
+    `_mla_fp8_prefill_attn` calls it: vLLM 0.22 through 0.33. Read from the bytecode's
+    attribute names, so no version string is involved.
+    """
+    if not isinstance(impl, type):
+        return "it has no class AiterMLAImpl"
+    init = getattr(impl.__init__, "__wrapped__", impl.__init__)
+    prefill = getattr(impl, "_mla_fp8_prefill_attn", None)
+    for what, fn in (("__init__", init), ("_mla_fp8_prefill_attn", prefill)):
+        code = getattr(fn, "__code__", None)
+        if code is None or "_mla_reduce_v1" not in code.co_names:
+            return f"AiterMLAImpl.{what} does not use self._mla_reduce_v1"
+    return None
+
+
+def _wrap_aiter_mla_impl(module) -> str:
+    version = getattr(sys.modules.get("vllm"), "__version__", "unknown")
+    impl = getattr(module, "AiterMLAImpl", None)
+    why = _structure_mismatch(impl)
+    if why is not None:
+        _log_once("structure", logging.INFO,
+                  "mla-plugins: vLLM %s's AITER MLA reduce call left as it is: %s in %s "
+                  "(a layout this mla-plugins does not know)", version, why, AITER_MLA_MODULE)
+        return f"AITER shim not installed ({why})"
     original = impl.__init__
     if getattr(original, "_mla_plugins_shim", False):
-        return []
+        return "AITER shim already on AiterMLAImpl"
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        # vLLM binds _mla_reduce_v1 from aiter only when its FP8 prefill is enabled.
+        # vLLM binds _mla_reduce_v1 from aiter only when its FP8 prefill is enabled; its own
+        # __init__ has imported aiter by then, so the probe below imports nothing new.
         if "_mla_reduce_v1" in self.__dict__:
-            self._mla_reduce_v1 = mla_plugins.aiter_mla_reduce_v1
+            _bind_reduce(self, version)
 
     __init__._mla_plugins_shim = True
     impl.__init__ = __init__
-    if not _shim_logged:
-        _shim_logged = True
-        log = logger.info if status.usable else logger.warning
-        log(
-            "mla-plugins: found %s %s (%s); vLLM's AiterMLAImpl._mla_reduce_v1 now calls "
-            "mla_plugins.aiter_mla_reduce_v1, which %s",
-            status.distribution or "aiter", status.version or "", status.reason, status.action(),
-        )
-    return ["AITER shim on AiterMLAImpl._mla_reduce_v1"]
+    return "AITER shim on AiterMLAImpl.__init__"
+
+
+def _bind_reduce(impl_obj, version: str) -> None:
+    """Point the instance's `_mla_reduce_v1` at the drop-in when AITER's convention is known."""
+    aiter = sys.modules.get("aiter")
+    bound = impl_obj.__dict__["_mla_reduce_v1"]
+    if bound is mla_plugins.aiter_mla_reduce_v1:
+        return
+    if aiter is None or bound is not getattr(aiter, "mla_reduce_v1", None):
+        _log_once("foreign", logging.INFO,
+                  "mla-plugins: vLLM %s's AiterMLAImpl._mla_reduce_v1 is %r, not aiter.mla_reduce_v1; "
+                  "left as it is", version, bound)
+        return
+    status = mla_plugins.probe_aiter()
+    if not status.usable:
+        _log_once("unknown", logging.WARNING,
+                  "mla-plugins: vLLM %s's AiterMLAImpl._mla_reduce_v1 left as vLLM bound it: %s",
+                  version, status.reason)
+        return
+    impl_obj._mla_reduce_v1 = mla_plugins.aiter_mla_reduce_v1
+    _log_once("bound", logging.INFO,
+              "mla-plugins: found %s %s (%s); vLLM %s's AiterMLAImpl._mla_reduce_v1 now calls "
+              "mla_plugins.aiter_mla_reduce_v1, which %s", status.distribution or "aiter",
+              status.version or "", status.reason, version, status.action())
