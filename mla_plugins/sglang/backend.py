@@ -18,6 +18,14 @@ Decode is not ours: SGLang builds `HybridAttnBackend(prefill=ours, decode=theirs
 `--prefill-attention-backend mla_plugins --decode-attention-backend <theirs>`; asked to be
 the decode backend too, the factory raises an error that names that flag.
 
+Planning: once per batch, from SGLang's host copies of the lengths
+(`extend_seq_lens_cpu`, `extend_prefix_lens_cpu`; the prefix chunks' `prefix_chunk_seq_lens_cpu`
+in `init_mha_chunk_metadata`), never from a device tensor: `init_forward_metadata` builds the
+`mla_plugins.plan_prefill` plan of each call shape the batch's forward method makes, and
+every layer's call passes `plan=` (no offsets read back, scratch from the workspace reserved
+at construction for SGLang's largest prefill). Cores without host-offset plans (older
+mla_plugins) get the offsets as before.
+
 Base-class generations: 0.5.11-0.5.12 declare `init_forward_metadata` abstract (and
 0.5.11's `forward_extend` takes no **kwargs); 0.5.15+ split it into
 `init_forward_metadata_out_graph` / `_in_graph`. This class implements all three, so it
@@ -29,8 +37,9 @@ which this backend refuses with a clear error).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,19 +59,32 @@ def _decode_flag_hint() -> str:
     )
 
 
-def _cumsum0(lengths: torch.Tensor) -> torch.Tensor:
-    """[B] lengths -> int32 [B+1] offsets starting at 0."""
-    out = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
-    out[1:] = torch.cumsum(lengths.to(torch.int32), 0)
+def _cumsum0(lengths) -> list[int]:
+    """host lengths -> [0, l0, l0+l1, ...]"""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + int(n))
     return out
+
+
+@functools.cache
+def _host_plans() -> bool:
+    """Whether this mla_plugins plans from host offsets for a given device and kernel."""
+    params = inspect.signature(mla_plugins.plan_prefill).parameters
+    return {"device", "kernel", "fp8"} <= set(params)
 
 
 @dataclass
 class ExtendMetadata:
-    """Offsets of one extend batch.
+    """Offsets of one extend batch, built from host lengths.
 
-    cu_seqlens_q:   int32 [B+1], new tokens per sequence (`extend_seq_lens`)
-    cu_seqlens_all: int32 [B+1], prefix + new tokens per sequence (`seq_lens`)
+    cu_seqlens_q:   int32 [B+1] on the device, new tokens per sequence (`extend_seq_lens`)
+    cu_seqlens_all: int32 [B+1] on the device, prefix + new tokens per sequence
+    cu_q_host / cu_all_host: the same offsets on the host
+    method: "extend" (no cached prefix), "extend_with_prefix" (MHA_ONE_SHOT) or "chunked"
+            (MHA_CHUNKED_KV), as `deepseek_forward_method` decides for this batch
+    plans: plan per call shape ("extend", "extend_with_prefix", ("prefix_chunk", i)), built
+           once per batch and used by every layer
     """
 
     cu_seqlens_q: torch.Tensor
@@ -70,27 +92,45 @@ class ExtendMetadata:
     total_q: int
     total_all: int
     num_prefix_tokens: int
+    cu_q_host: tuple[int, ...] = ()
+    cu_all_host: tuple[int, ...] = ()
+    method: str = "extend"
+    plans: dict = field(default_factory=dict)
+
+
+def _host_lengths(forward_batch) -> tuple[list[int], list[int]]:
+    """(new tokens, cached prefix) per sequence, from the batch's host copies."""
+    extend = forward_batch.extend_seq_lens_cpu
+    if extend is None:
+        # No host copy (not seen from SGLang's scheduler): one device read for the batch.
+        extend = forward_batch.extend_seq_lens.tolist()
+    extend = [int(n) for n in extend]
+    prefix = forward_batch.extend_prefix_lens_cpu
+    if prefix is None:
+        seq_cpu = forward_batch.seq_lens_cpu
+        seq = seq_cpu.tolist() if seq_cpu is not None else forward_batch.seq_lens.tolist()
+        prefix = [int(s) - n for s, n in zip(seq[: len(extend)], extend, strict=True)]
+    return extend, [int(n) for n in prefix]
+
+
+def _method(prefix_lens, seq_total: int, capacity: int) -> str:
+    if not any(prefix_lens):
+        return "extend"
+    return "extend_with_prefix" if seq_total <= capacity else "chunked"
 
 
 def extend_metadata(forward_batch) -> ExtendMetadata:
-    """Build the prefill offsets from a real SGLang `ForwardBatch` of an extend mode."""
+    """Build the prefill offsets of a real SGLang `ForwardBatch` of an extend mode (host lengths)."""
     device = forward_batch.seq_lens.device
-    if forward_batch.extend_seq_lens is not None:
-        extend_lens = forward_batch.extend_seq_lens.to(device)
-    else:
-        extend_lens = torch.tensor(forward_batch.extend_seq_lens_cpu, dtype=torch.int32, device=device)
-    seq_lens = forward_batch.seq_lens[: extend_lens.numel()]
-    cu_q = _cumsum0(extend_lens)
-    cu_all = _cumsum0(seq_lens)
-    if forward_batch.extend_seq_lens_cpu is not None:
-        total_q = int(sum(forward_batch.extend_seq_lens_cpu))
-    else:
-        total_q = int(cu_q[-1])
-    if forward_batch.seq_lens_cpu is not None:
-        total_all = int(forward_batch.seq_lens_cpu[: extend_lens.numel()].sum())
-    else:
-        total_all = int(cu_all[-1])
-    return ExtendMetadata(cu_q, cu_all, total_q, total_all, total_all - total_q)
+    extend, prefix = _host_lengths(forward_batch)
+    cu_q = _cumsum0(extend)
+    cu_all = _cumsum0(p + n for p, n in zip(prefix, extend, strict=True))
+    # one host-to-device copy per batch (with a plan the kernels use the plan's own copies)
+    both = torch.tensor([cu_q, cu_all], dtype=torch.int32).to(device, non_blocking=True)
+    meta = ExtendMetadata(both[0], both[1], cu_q[-1], cu_all[-1], cu_all[-1] - cu_q[-1],
+                          tuple(cu_q), tuple(cu_all))
+    meta.method = _method(prefix, cu_all[-1], forward_batch.get_max_chunk_capacity())
+    return meta
 
 
 def deepseek_forward_method(attn, forward_batch):
@@ -104,14 +144,10 @@ def deepseek_forward_method(attn, forward_batch):
         # Speculative verify/draft extends use the absorbed form; the backend refuses them
         # with a message (decode never reaches this handler: it uses the decode backend's).
         return AttnForwardMethod.MLA
-    prefix_lens = forward_batch.extend_prefix_lens_cpu
-    if prefix_lens is None or sum(prefix_lens) == 0:
-        return AttnForwardMethod.MHA
-    seq_lens = forward_batch.seq_lens_cpu
-    total = int(seq_lens.sum()) if seq_lens is not None else None
-    if total is not None and total <= forward_batch.get_max_chunk_capacity():
-        return AttnForwardMethod.MHA_ONE_SHOT
-    return AttnForwardMethod.MHA_CHUNKED_KV
+    extend, prefix = _host_lengths(forward_batch)
+    method = _method(prefix, sum(extend) + sum(prefix), forward_batch.get_max_chunk_capacity())
+    return {"extend": AttnForwardMethod.MHA, "extend_with_prefix": AttnForwardMethod.MHA_ONE_SHOT,
+            "chunked": AttnForwardMethod.MHA_CHUNKED_KV}[method]
 
 
 def _kv_cache_dtype_str(runner) -> str | None:
@@ -154,6 +190,39 @@ def create_backend(runner):
     return backend_class()(runner)
 
 
+def _model_dims(runner) -> tuple[int | None, int | None, int | None, torch.dtype]:
+    """(heads per rank on DeepSeek's MHA path, qk head dim, v head dim, dtype); None when
+    the runner does not say (then the first layer's call tells, once per batch)."""
+    cfg = getattr(runner, "model_config", None)
+    hf = getattr(cfg, "hf_config", None)
+
+    def dim(name):
+        value = getattr(cfg, name, None)
+        return value if isinstance(value, int) else getattr(hf, name, None)
+
+    nope, rope, dv, heads = (dim(n) for n in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                               "num_attention_heads"))
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        attn_tp = get_parallel().attn_tp_size
+    except Exception:  # older SGLang or no parallel state (a test runner): per-layer dims decide
+        attn_tp = None
+    local = heads // attn_tp if isinstance(heads, int) and isinstance(attn_tp, int) and attn_tp > 0 else None
+    dqk = nope + rope if isinstance(nope, int) and isinstance(rope, int) else None
+    dtype = getattr(runner, "dtype", None)
+    return local, dqk, dv if isinstance(dv, int) else None, dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
+
+
+def _max_prefill_tokens(runner) -> int | None:
+    args = getattr(runner, "server_args", None)
+    for name in ("chunked_prefill_size", "max_prefill_tokens"):
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 @functools.cache
 def backend_class():
     """Define the backend class on first use, so importing this module imports no SGLang."""
@@ -168,10 +237,55 @@ def backend_class():
             self.kv_cache_dtype_str = _kv_cache_dtype_str(model_runner)
             self.fp8 = mla_plugins.fp8_requested(self.kv_cache_dtype_str)
             self.forward_metadata: ExtendMetadata | None = None
+            self.heads, self.head_dim_qk, self.head_dim_v, self.dtype = _model_dims(model_runner)
+            #: batches seen and plans built (one per call shape per batch, never per layer)
+            self.num_batches = 0
+            self.num_plans = 0
+            self.workspace_bytes = self._reserve_workspace(_max_prefill_tokens(model_runner))
             logger.info(
-                "mla_plugins SGLang prefill backend: kv_cache_dtype=%s -> %s prefill",
+                "mla_plugins SGLang prefill backend: kv_cache_dtype=%s -> %s prefill; %s",
                 self.kv_cache_dtype_str, "fp8" if self.fp8 else "bf16/fp16",
+                f"plans per batch, workspace {self.workspace_bytes} bytes reserved" if _host_plans()
+                else "this mla_plugins has no host-offset plans: offsets are read per call",
             )
+
+        def _reserve_workspace(self, max_tokens: int | None) -> int:
+            """Size the shared workspace once, for a batch of SGLang's largest prefill."""
+            if not (_host_plans() and max_tokens and self.heads and self.head_dim_qk and self.head_dim_v):
+                return 0
+            try:
+                from mla_plugins.core.workspace import reserve
+
+                plan = mla_plugins.plan_prefill(
+                    [0, max_tokens], [0, max_tokens], num_heads=self.heads, causal=True,
+                    device=self.device, dtype=self.dtype, fp8=self.fp8,
+                    head_dim_qk=self.head_dim_qk, head_dim_v=self.head_dim_v,
+                )
+                reserve(self.device, plan.workspace_bytes)
+                return plan.workspace_bytes
+            except Exception:  # the workspace then grows on the first call that needs it
+                logger.warning("mla_plugins: reserving the prefill workspace for %d tokens failed; "
+                               "it grows on first use", max_tokens, exc_info=True)
+                return 0
+
+        def _plan(self, meta: ExtendMetadata, key, cu_q, cu_k, *, causal: bool, heads: int,
+                  dqk: int, dv: int, dtype: torch.dtype):
+            plan = meta.plans.get(key)
+            if plan is not None and plan.num_heads == heads:
+                return plan
+            plan = meta.plans[key] = mla_plugins.plan_prefill(
+                list(cu_q), list(cu_k), num_heads=heads, causal=causal, device=self.device,
+                dtype=dtype, fp8=self.fp8, head_dim_qk=dqk, head_dim_v=dv,
+            )
+            self.num_plans += 1
+            logger.debug("mla_plugins plan: batch %d %s %s kernel=%s", self.num_batches, meta.method,
+                         key if isinstance(key, str) else f"{key[0]}[{key[1]}]", plan.kernel)
+            return plan
+
+        def _plan_now(self, meta: ExtendMetadata, key, cu_q, cu_k, causal: bool):
+            if _host_plans() and self.heads and self.head_dim_qk and self.head_dim_v:
+                self._plan(meta, key, cu_q, cu_k, causal=causal, heads=self.heads,
+                           dqk=self.head_dim_qk, dv=self.head_dim_v, dtype=self.dtype)
 
         # --- metadata: both base-class generations -------------------------------------
         def init_forward_metadata(self, forward_batch):
@@ -181,7 +295,13 @@ def backend_class():
                     raise RuntimeError(f"{BACKEND_NAME} got a decode batch. {_decode_flag_hint()}")
                 self.forward_metadata = None
                 return
-            self.forward_metadata = extend_metadata(forward_batch)
+            self.num_batches += 1
+            meta = self.forward_metadata = extend_metadata(forward_batch)
+            # The calls this batch's forward method makes (prefix chunks: init_mha_chunk_metadata).
+            if meta.method == "extend_with_prefix":
+                self._plan_now(meta, "extend_with_prefix", meta.cu_q_host, meta.cu_all_host, True)
+            else:
+                self._plan_now(meta, "extend", meta.cu_q_host, meta.cu_q_host, True)
 
         def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
             if in_capture:
@@ -193,6 +313,23 @@ def backend_class():
 
         def init_forward_metadata_in_graph(self, forward_batch):
             return None
+
+        def init_mha_chunk_metadata(self, forward_batch, disable_flashinfer_ragged: bool = False):
+            """SGLang calls this once per batch (first layer) after splitting the cached prefix
+            into chunks: plan each chunk's call from the host chunk lengths."""
+            meta = self.forward_metadata
+            lens = getattr(forward_batch, "prefix_chunk_seq_lens_cpu", None)
+            if meta is None or lens is None or not forward_batch.num_prefix_chunks:
+                return
+            for i in range(forward_batch.num_prefix_chunks):
+                self._plan_now(meta, ("prefix_chunk", i), meta.cu_q_host, _cumsum0(lens[i].tolist()), False)
+
+        def _chunk_offsets_host(self, forward_batch, idx: int) -> list[int]:
+            lens = getattr(forward_batch, "prefix_chunk_seq_lens_cpu", None)
+            if lens is not None:
+                return _cumsum0(lens[idx].tolist())
+            # SGLang versions without the host copy: one device read per chunk and batch
+            return [int(x) for x in forward_batch.prefix_chunk_cu_seq_lens[idx].tolist()]
 
         # --- forward ---------------------------------------------------------------------
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -233,22 +370,37 @@ def backend_class():
             if getattr(forward_batch, "attn_attend_prefix_cache", False):
                 # One chunk of cached prefix: every new token sees all of it.
                 idx = forward_batch.prefix_chunk_idx
-                cu_k = forward_batch.prefix_chunk_cu_seq_lens[idx].to(torch.int32)
-                causal, entry, return_lse = False, "prefix_chunk", True
+                key, causal, entry, return_lse = ("prefix_chunk", idx), False, "prefix_chunk", True
+                cu_k_host = None  # only read if this chunk has no plan yet
+                cu_k = forward_batch.prefix_chunk_cu_seq_lens[idx]
             elif k3.shape[0] == meta.total_q:
-                cu_k, causal, entry = meta.cu_seqlens_q, True, "extend"
+                key, causal, entry = "extend", True, "extend"
+                cu_k_host, cu_k = meta.cu_q_host, meta.cu_seqlens_q
             elif k3.shape[0] == meta.total_all:
-                cu_k, causal, entry = meta.cu_seqlens_all, True, "extend_with_prefix"
+                key, causal, entry = "extend_with_prefix", True, "extend_with_prefix"
+                cu_k_host, cu_k = meta.cu_all_host, meta.cu_seqlens_all
             else:
                 raise ValueError(
                     f"{BACKEND_NAME}: found {k3.shape[0]} key rows, expected {meta.total_q} (new "
                     f"tokens) or {meta.total_all} (cached prefix + new tokens)"
                 )
             with mla_plugins.trace_context(FRAMEWORK, entry):
-                result = mla_plugins.mla_prefill(
-                    q3, k3, v3, meta.cu_seqlens_q, cu_k,
-                    softmax_scale=layer.scaling, causal=causal, fp8=self.fp8, return_lse=return_lse,
-                )
+                if _host_plans():
+                    plan = meta.plans.get(key)
+                    if plan is None or plan.num_heads != heads:
+                        if cu_k_host is None:
+                            cu_k_host = self._chunk_offsets_host(forward_batch, idx)
+                        plan = self._plan(meta, key, meta.cu_q_host, cu_k_host, causal=causal,
+                                          heads=heads, dqk=dqk, dv=dv, dtype=q3.dtype)
+                    result = mla_plugins.mla_prefill(
+                        q3, k3, v3, plan=plan, softmax_scale=layer.scaling, causal=causal,
+                        fp8=self.fp8, return_lse=return_lse,
+                    )
+                else:
+                    result = mla_plugins.mla_prefill(
+                        q3, k3, v3, meta.cu_seqlens_q, cu_k.to(torch.int32),
+                        softmax_scale=layer.scaling, causal=causal, fp8=self.fp8, return_lse=return_lse,
+                    )
             if return_lse:
                 return result
             return result.view(-1, heads * dv)

@@ -3,14 +3,25 @@
 It extends the CLI choices before SGLang parses arguments, registers the backend factory
 and the DeepSeek forward-method handler, and shims SGLang's built-in AITER backend.
 It never raises: a plugin must not crash a framework that did not select it.
+
+The DeepSeek handler registry lives in SGLang's model code
+(`sglang.srt.models.deepseek_common.attention_backend_handler`), whose import pulls in
+about 1,900 modules (quantization, AWQ/GGUF warnings included) and ~2 s: too much for
+every SGLang process (main, tokenizer, detokenizer) whatever the model. So the handler is
+registered when that module is imported (an import hook that runs right after it
+executes, before DeepSeek's model classes can ask for a handler), or at once if it
+already is.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import re
+import sys
 
 logger = logging.getLogger("mla_plugins.sglang.plugin")
 
@@ -112,12 +123,49 @@ def _register_factory() -> None:
         register_attention_backend(BACKEND_NAME)(create_backend)
 
 
-def _register_deepseek_handler() -> None:
-    from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
+HANDLER_MODULE = "sglang.srt.models.deepseek_common.attention_backend_handler"
 
+
+def _add_deepseek_handler(module) -> None:
     from .backend import deepseek_forward_method
 
+    registry = module.AttentionBackendRegistry
     # Unknown names fall back to the triton handler, which sends prefixed extends to the
     # absorbed MLA path; ours keeps every plain extend on the MHA path.
-    if AttentionBackendRegistry.get_handler(BACKEND_NAME) is not deepseek_forward_method:
-        AttentionBackendRegistry.register(BACKEND_NAME, deepseek_forward_method)
+    if registry.get_handler(BACKEND_NAME) is not deepseek_forward_method:
+        registry.register(BACKEND_NAME, deepseek_forward_method)
+
+
+class _HandlerOnImport(importlib.abc.MetaPathFinder):
+    """Registers our handler right after SGLang's handler module executes, then steps aside."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != HANDLER_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            try:
+                _add_deepseek_handler(module)
+            except Exception:
+                logger.exception("mla_plugins: registering the DeepSeek handler for %r failed; "
+                                 "DeepSeek models fall back to SGLang's triton handler", BACKEND_NAME)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _register_deepseek_handler() -> str:
+    """"now" if SGLang's handler module is already imported, else "deferred" (on import)."""
+    module = sys.modules.get(HANDLER_MODULE)
+    if module is not None:
+        _add_deepseek_handler(module)
+        return "now"
+    if not any(isinstance(f, _HandlerOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _HandlerOnImport())
+    return "deferred"

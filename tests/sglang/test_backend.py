@@ -206,3 +206,146 @@ def test_deepseek_handler_keeps_extends_on_the_mha_path(sg):
     assert handler(None, fresh) == AttnForwardMethod.MHA
     _, _, prefixed = _runner(sg, (7, 0), (5, 3))
     assert handler(None, prefixed) == AttnForwardMethod.MHA_ONE_SHOT
+
+
+class _NoHostRead(torch.Tensor):
+    """A batch tensor SGLang keeps on the device: reading it, or anything computed from it,
+    on the host (a device sync on a GPU) raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _HOST_READS:
+            raise AssertionError(f"host read of a device tensor of the batch: {func.__name__}")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+_HOST_READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__index__,
+               torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.numpy, torch.Tensor.cpu,
+               torch.Tensor.__iter__}
+
+
+def _watch(batch, *names):
+    for name in names:
+        t = getattr(batch, name, None)
+        if isinstance(t, torch.Tensor) and not isinstance(t, _NoHostRead):
+            setattr(batch, name, t.as_subclass(_NoHostRead))
+
+
+def _count_plans(monkeypatch):
+    import mla_plugins
+
+    calls = {"plans": 0, "prefill_offsets": []}
+    real_plan, real_prefill = mla_plugins.plan_prefill, mla_plugins.mla_prefill
+
+    def plan_prefill(*a, **k):
+        calls["plans"] += 1
+        return real_plan(*a, **k)
+
+    def mla_prefill(q, k, v, cu_q=None, cu_k=None, **kw):
+        calls["prefill_offsets"].append((cu_q, cu_k, kw.get("plan") is not None))
+        return real_prefill(q, k, v, cu_q, cu_k, **kw)
+
+    monkeypatch.setattr(mla_plugins, "plan_prefill", plan_prefill)
+    monkeypatch.setattr(mla_plugins, "mla_prefill", mla_prefill)
+    return calls
+
+
+LAYERS = 3
+
+
+@pytest.mark.parametrize("prefix_lens,extend_lens", [((0, 0), (17, 5)), ((9, 0, 20), (4, 11, 1))],
+                         ids=["no_prefix", "cached_prefix"])
+def test_one_plan_per_batch_and_no_host_read_in_layers(sg, monkeypatch, prefix_lens, extend_lens):
+    """MHA and MHA_ONE_SHOT: init_forward_metadata plans from the host lengths; each of
+    LAYERS layer calls passes that plan and no offsets, reading no batch tensor."""
+    case, runner, batch = _runner(sg, prefix_lens, extend_lens)
+    backend = sg.ATTENTION_BACKENDS["mla_plugins"](runner)
+    q, k, v, new_rows = _deepseek_qkv(case, runner, batch, torch.Generator().manual_seed(5))
+    k_in, v_in = (k[new_rows], v[new_rows]) if sum(prefix_lens) == 0 else (k, v)
+    _watch(batch, "seq_lens", "extend_seq_lens", "extend_prefix_lens", "extend_start_loc",
+           "req_pool_indices", "out_cache_loc", "positions")
+    calls = _count_plans(monkeypatch)
+    layer = _layer(sg)
+    with torch.no_grad(), sg.forward_context(sg.ForwardContext(attn_backend=backend)):
+        backend.init_forward_metadata(batch)
+        assert calls["plans"] == 1
+        outs = [layer(q.reshape(q.shape[0], -1), k_in, v_in, batch, save_kv_cache=False)
+                for _ in range(LAYERS)]
+    assert calls["plans"] == 1 and backend.num_plans == 1 and backend.num_batches == 1
+    assert calls["prefill_offsets"] == [(None, None, True)] * LAYERS
+    ref, _ = _reference(q, k, v, case, DQK**-0.5)
+    for out in outs:
+        assert _rel_l2(out.view(-1, H, DV), ref) <= BF16_TOL
+
+
+def test_chunked_prefix_plans_once_per_batch_from_host_chunk_lengths(sg, monkeypatch):
+    """MHA_CHUNKED_KV as SGLang drives it: prepare_chunked_prefix_cache_info splits the prefix
+    (here into 3 chunks), init_mha_chunk_metadata plans each chunk's call from
+    prefix_chunk_seq_lens_cpu; every layer then reuses the 1 + 3 plans and reads nothing."""
+    prefix_lens, extend_lens = (13, 0, 6), (3, 8, 5)
+    case, runner, batch = _runner(sg, prefix_lens, extend_lens)
+    backend = sg.ATTENTION_BACKENDS["mla_plugins"](runner)
+    q, k, v, new_rows = _deepseek_qkv(case, runner, batch, torch.Generator().manual_seed(9))
+    prefix_rows = torch.cat([torch.arange(st, st + p) for st, p in zip(_starts(case.seq_lens), prefix_lens,
+                                                                      strict=True)])
+    monkeypatch.setenv("SGLANG_MAX_KV_CHUNK_CAPACITY", "15")  # 15 // 3 sequences: chunks of 5 tokens
+    calls = _count_plans(monkeypatch)
+    layer = _layer(sg)
+    with torch.no_grad(), sg.forward_context(sg.ForwardContext(attn_backend=backend)):
+        backend.init_forward_metadata(batch)
+        assert backend.forward_metadata.method == "chunked"
+        # SGLang's own chunk split (host and device copies), then its hook, once per batch
+        batch.prefix_chunk_len = None
+        batch.num_prefix_chunks = None
+        _split_prefix_chunks(batch, capacity=15)
+        backend.init_mha_chunk_metadata(batch)
+        assert calls["plans"] == 1 + batch.num_prefix_chunks == 4
+        _watch(batch, "seq_lens", "extend_seq_lens", "extend_prefix_lens", "prefix_chunk_cu_seq_lens",
+               "prefix_chunk_seq_lens", "prefix_chunk_starts")
+        for _ in range(LAYERS):
+            batch.mha_return_lse = True
+            batch.set_attn_attend_prefix_cache(False)
+            acc, acc_lse = layer(q.reshape(q.shape[0], -1), k[new_rows], v[new_rows], batch, save_kv_cache=False)
+            batch.set_attn_attend_prefix_cache(True)
+            for i in range(batch.num_prefix_chunks):
+                batch.set_prefix_chunk_idx(i)
+                rows = _chunk_rows(batch, i, prefix_rows, prefix_lens)
+                o, lse = layer(q.reshape(q.shape[0], -1), k[rows], v[rows], batch, save_kv_cache=False)
+                acc, acc_lse = _merge(acc.double(), acc_lse.double(), o.double(), lse.double())
+    assert calls["plans"] == 4 and backend.num_plans == 4
+    assert all(c == (None, None, True) for c in calls["prefill_offsets"])
+    assert len(calls["prefill_offsets"]) == LAYERS * (1 + batch.num_prefix_chunks)
+    ref, _ = _reference(q, k, v, case, DQK**-0.5)
+    assert _rel_l2(acc, ref) <= BF16_TOL
+
+
+def _split_prefix_chunks(batch, capacity):
+    """What ForwardBatch.prepare_chunked_prefix_cache_info computes (without its KV-index
+    kernels, which need SGLang's req_to_token pool in a forward context)."""
+    batch.prefix_chunk_len = capacity // batch.batch_size
+    batch.num_prefix_chunks = -(-max(batch.extend_prefix_lens_cpu) // batch.prefix_chunk_len)
+    starts, lens = batch.get_prefix_chunk_seq_lens(torch.tensor(batch.extend_prefix_lens_cpu),
+                                                   batch.num_prefix_chunks, batch.prefix_chunk_len)
+    batch.prefix_chunk_starts, batch.prefix_chunk_seq_lens = starts.clone(), lens.clone()
+    batch.prefix_chunk_starts_cpu, batch.prefix_chunk_seq_lens_cpu = starts, lens
+    batch.prefix_chunk_cu_seq_lens = torch.zeros(batch.num_prefix_chunks, batch.batch_size + 1, dtype=torch.int32)
+    batch.prefix_chunk_cu_seq_lens[:, 1:] = lens.cumsum(1)
+
+
+def _chunk_rows(batch, i, prefix_rows, prefix_lens):
+    """Rows of k/v (all tokens, prefix first per sequence) in prefix chunk i."""
+    rows, base = [], 0
+    starts, lens = batch.prefix_chunk_starts_cpu[i].tolist(), batch.prefix_chunk_seq_lens_cpu[i].tolist()
+    for b, p in enumerate(prefix_lens):
+        rows.append(prefix_rows[base + starts[b]: base + starts[b] + lens[b]])
+        base += p
+    return torch.cat(rows)
+
+
+def _merge(o1, lse1, o2, lse2):
+    """SGLang's merge_state in float64 (its Triton kernel needs the interpreter here)."""
+    m = torch.maximum(lse1, lse2)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    out = (o1 * w1[..., None] + o2 * w2[..., None]) / (w1 + w2).clamp_min(1e-300)[..., None]
+    return out, m + torch.log(w1 + w2)

@@ -26,10 +26,11 @@ def snapshot():
 """
 
 
-def run_py(body: str, **env) -> dict:
+def run_py(body: str, *, snapshot: bool = True, **env) -> dict:
     """Run SNAPSHOT + body in a fresh interpreter; body prints one JSON line last."""
     full_env = {**os.environ, **env}
-    proc = subprocess.run([sys.executable, "-c", SNAPSHOT + textwrap.dedent(body)], env=full_env,
+    code = (SNAPSHOT if snapshot else "import json\n") + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", code], env=full_env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -135,3 +136,29 @@ def test_unsupported_sglang_warns_once_and_changes_nothing():
     warnings = [m for level, m in out["records"] if level == "WARNING"]
     assert len(warnings) == 1
     assert "found sglang 0.5.10, supported >=0.5.11,<0.6" in warnings[0]
+
+
+def test_register_imports_no_model_code_and_registers_the_handler_when_it_is_imported():
+    """register() runs in every SGLang process: it must not import DeepSeek's model code
+    (~1,900 modules, ~2 s, AWQ/GGUF warnings); the handler arrives when SGLang imports it."""
+    out = run_py("""
+        import sys
+        from sglang.srt.plugins import load_plugins
+        before = set(sys.modules)
+        load_plugins()  # SGLang's loader runs our register()
+        added = sorted(set(sys.modules) - before)
+        from mla_plugins.sglang import plugin
+        from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
+        handler = AttentionBackendRegistry._handlers.get("mla_plugins")
+        print(json.dumps({
+            "registered": plugin._registered,
+            "models": [m for m in added if m.startswith("sglang.srt.models")],
+            "added": len(added),
+            "handler": handler and f"{handler.__module__}.{handler.__qualname__}",
+            "triton_kept": AttentionBackendRegistry._handlers.get("triton") is not None,
+        }))
+    """, snapshot=False, SGLANG_PLUGINS="")
+    assert out["registered"]
+    assert out["models"] == []
+    assert out["handler"] == "mla_plugins.sglang.backend.deepseek_forward_method"
+    assert out["triton_kept"]

@@ -40,3 +40,35 @@ _SCHEMAS = {
     "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 }
 sys.meta_path.insert(0, _DeclareTorchvisionNms())
+
+
+def _log_plans() -> None:
+    """MLA_PLUGINS_TEST_PLAN_LOG=<file>: every plan our SGLang backend builds, one JSON line
+    (pid and the debug record's arguments: batch number, forward method, call, kernel),
+    from whichever process builds it (SGLang's spawned scheduler included)."""
+    import os
+
+    path = os.environ.get("MLA_PLUGINS_TEST_PLAN_LOG")
+    if not path:
+        return
+    import json
+    import logging
+
+    class _Lines(logging.Handler):
+        def emit(self, record):
+            if not str(record.msg).startswith("mla_plugins plan:"):
+                return
+            line = json.dumps({"pid": os.getpid(), "args": [str(a) for a in record.args]}) + "\n"
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+
+    log = logging.getLogger("mla_plugins.sglang.backend")
+    log.setLevel(logging.DEBUG)
+    log.addHandler(_Lines(logging.DEBUG))
+    log.propagate = False  # SGLang's root handler would print every debug line
+
+
+_log_plans()
