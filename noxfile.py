@@ -85,6 +85,7 @@ SGLANG_DEPS = [
     "rich==15.0.0",
     "safetensors==0.8.0",
     "sentencepiece==0.2.1",
+    "setproctitle==1.3.8",  # the CPU Engine names its processes (tests/sglang/test_engine.py)
     "sniffio==1.3.1",
     "starlette==1.10.0",
     "sympy==1.14.0",
@@ -100,6 +101,7 @@ SGLANG_DEPS = [
     "urllib3==2.8.0",
     "uvicorn==0.54.0",
     "uvloop==0.23.0",
+    "xgrammar==0.2.8",  # imported by the Engine's scheduler (grammar backend), even unused
     "yarl==1.25.1",
     "zipp==4.1.2",
 ]
@@ -203,6 +205,9 @@ def sglang(session: nox.Session) -> None:
 
     env = {"PYTHONPATH": os.path.abspath("tests/sglang/env"), "PYTHONHASHSEED": "0"}
     if session.posargs[:1] == ["demo"]:
+        # the Engine generation needs an sgl_kernel: the tests' import-only stand-in
+        standin = os.path.abspath("tests/sglang/env/sgl_kernel_standin")
+        env["PYTHONPATH"] += os.pathsep + standin
         session.run("python", "-m", "mla_plugins.demo.sglang_demo", *session.posargs[1:], env=env)
         return
     session.run("python", "-m", "pytest", "tests/sglang", "-p", "no:cacheprovider", *session.posargs, env=env)
