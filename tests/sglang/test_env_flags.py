@@ -1,0 +1,50 @@
+"""On/off variables in real SGLang processes (issue 14): MLA_PLUGINS_SHIM=maybe gives one
+warning and no traceback, the backend is still registered; every spelling of off turns the
+shim off. Fresh interpreters, SGLang's own `load_plugins()` (run again in each scheduler, so
+three times here), the library's default logging."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+BODY = """
+import json
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+from sglang.srt.plugins import load_plugins
+for _ in range(3):
+    load_plugins()
+from mla_plugins.sglang import shim
+print(json.dumps({"registered": "mla_plugins" in ATTENTION_BACKENDS,
+                  "shim": shim.install_aiter_shim()}))
+"""
+
+
+def _run(**env):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLA_PLUGINS_")}
+    full_env.update(env, SGLANG_PLUGINS="")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(BODY)], env=full_env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_bad_shim_value_one_warning_no_traceback():
+    got, stderr = _run(MLA_PLUGINS_SHIM="maybe")
+    assert "Traceback" not in stderr, stderr[-4000:]
+    assert "could not be installed" not in stderr
+    warnings = [line for line in stderr.splitlines() if "MLA_PLUGINS_SHIM: found 'maybe'" in line]
+    assert len(warnings) == 1, stderr[-4000:]
+    assert "1/0, true/false, yes/no, on/off" in warnings[0]
+    assert got["registered"] and got["shim"] != "disabled"  # counted as the default: on
+
+
+@pytest.mark.parametrize("raw", ["off", " No "])  # every spelling: tests/core/test_hardening_env.py
+def test_shim_off_in_other_spellings(raw):
+    got, stderr = _run(MLA_PLUGINS_SHIM=raw)
+    assert got == {"registered": True, "shim": "disabled"}, stderr[-2000:]
