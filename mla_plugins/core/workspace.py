@@ -15,6 +15,7 @@ once (or `reserve`) before capturing its calls in a CUDA graph.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 
@@ -101,22 +102,15 @@ class Workspace:
         self.generation += 1
         self._own = True
 
-    def lease(self) -> _Lease:
-        return _Lease(self, self.generation)
-
-
-class _Lease:
-    __slots__ = ("generation", "workspace")
-
-    def __init__(self, workspace: Workspace, generation: int) -> None:
-        self.workspace, self.generation = workspace, generation
-
-    def is_current(self) -> bool:
-        return self.workspace.generation == self.generation
-
 
 _workspaces: dict[torch.device, Workspace] = {}
 _lock = threading.Lock()
+_tokens = itertools.count(1)
+
+
+def next_token() -> int:
+    """A number never handed out before (names one carving of a workspace)."""
+    return next(_tokens)
 
 
 def get_workspace(device: torch.device | str) -> Workspace:
@@ -155,5 +149,5 @@ def release(device: torch.device | str | None = None) -> None:
                 ws.generation += 1  # plans holding views of it make new ones
 
 
-__all__ = ["ALIGN", "Workspace", "carve", "get_workspace", "release", "reserve", "set_workspace",
-           "workspace_size"]
+__all__ = ["ALIGN", "Workspace", "carve", "get_workspace", "next_token", "release", "reserve",
+           "set_workspace", "workspace_size"]

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from ..device import device_kind, fp8_dtype_for
-from ..workspace import ALIGN, workspace_size
+from ..workspace import ALIGN, carve, get_workspace, next_token, workspace_size
 
 if TYPE_CHECKING:
     from ..plan import PrefillPlan
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PrefillInputs:
-    """Validated arguments of one `mla_prefill` call.
+    """Validated arguments of one `mla_prefill` call (not frozen: built on every call, and a
+    frozen dataclass sets each field through object.__setattr__).
 
     q: [total_q, H, Dqk], k: [total_k, H, Dqk], v: [total_k, H, Dv] (bf16 or fp16).
     cu_seqlens_q / cu_seqlens_k: int32 [B+1] on the same device as q.
@@ -301,29 +302,31 @@ class Kernel:
     def scratch(self, inputs: PrefillInputs, plan: PrefillPlan,
                 workspace: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """Views of the workspace by region name, made once per (plan, buffer, mode)."""
-        from ..workspace import carve, get_workspace
+        return self.scratch_entry(inputs, plan, workspace)[0]
 
-        key = ("scratch", self.name, inputs.fp8, inputs.num_heads, inputs.head_dim_v)
-        memo = plan.memo.get(key)
-        if workspace is None:
-            if memo is not None and memo[0] is not None and memo[0].is_current():
-                return memo[2]
-            layout = self.workspace_layout(
-                plan, fp8=inputs.fp8, num_heads=inputs.num_heads, head_dim_v=inputs.head_dim_v,
-                fp8_dtype=inputs.fp8_dtype)
-            shared = get_workspace(inputs.device)
-            buffer = shared.get(workspace_size(layout))
-            views = carve(buffer, layout)
-            plan.memo[key] = (shared.lease(), buffer, views)
-            return views
-        if memo is not None and memo[1] is workspace:
-            return memo[2]
+    def scratch_entry(self, inputs: PrefillInputs, plan: PrefillPlan,
+                      workspace: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], int]:
+        """(views, token): the token changes whenever the views are made anew (a grown
+        shared workspace, another buffer, another mode), so launch arguments derived from
+        the views can be keyed by it."""
+        memo = plan.memo.get("scratch")
+        fp8, dv = inputs.fp8, inputs.v.shape[2]
+        if memo is not None and memo[0] is fp8 and memo[1] == dv and memo[2] is workspace:
+            shared = memo[3]
+            if shared is None or shared.generation == memo[4]:
+                return memo[5], memo[6]
         layout = self.workspace_layout(
-            plan, fp8=inputs.fp8, num_heads=inputs.num_heads, head_dim_v=inputs.head_dim_v,
-            fp8_dtype=inputs.fp8_dtype)
-        views = carve(workspace, layout, name="workspace", device=inputs.device)
-        plan.memo[key] = (None, workspace, views)
-        return views
+            plan, fp8=fp8, num_heads=inputs.num_heads, head_dim_v=dv, fp8_dtype=inputs.fp8_dtype)
+        if workspace is None:
+            shared = get_workspace(inputs.device)
+            views = carve(shared.get(workspace_size(layout)), layout)
+            generation = shared.generation
+        else:
+            shared, generation = None, 0
+            views = carve(workspace, layout, name="workspace", device=inputs.device)
+        token = next_token()
+        plan.memo["scratch"] = (fp8, dv, workspace, shared, generation, views, token)
+        return views, token
 
     def prefill(
         self,

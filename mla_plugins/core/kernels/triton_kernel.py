@@ -320,31 +320,32 @@ class TritonKernel(Kernel):
         recorded launches (`triton_launch`), with no binder, descriptor or torch work."""
         from . import triton_launch as tl_launch
 
-        self._warn_rocm(inputs.device)
-        scratch = self.scratch(inputs, plan, workspace)
-        if plan.num_items == 0 or plan.total_q == 0:
+        if torch.version.hip and not self._rocm_warned:
+            self._warn_rocm(inputs.device)
+        scratch, token = self.scratch_entry(inputs, plan, workspace)
+        if plan.total_q == 0 or plan.num_items == 0:
             return
-        device = inputs.device
         q, k, v = inputs.q, inputs.k, inputs.v
-        replayable = (tl_launch.ENABLED and device.type == "cuda" and not torch.version.hip
-                      and not _interpreting())
-        if not replayable:
+        device = plan.device  # == q's device, checked by mla_prefill
+        replayable = plan.memo.get("replayable")
+        if replayable is None:
+            replayable = plan.memo["replayable"] = (
+                device.type == "cuda" and not torch.version.hip and not _interpreting())
+        if not (replayable and tl_launch.ENABLED):
             with _on_device(device):
                 self._run_ordinary(inputs, plan, out, lse, scratch)
             return
+        qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        lp = 0 if lse is None else lse.data_ptr()
         key = (
-            inputs.fp8, q.dtype, inputs.softmax_scale, lse is None,
-            tuple(t.data_ptr() for t in scratch.values()),
+            inputs.fp8, q.dtype, inputs.softmax_scale, token,
             q.stride(), k.stride(), v.stride(), out.stride(), None if lse is None else lse.stride(),
-            q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, out.data_ptr() % 16,
-            0 if lse is None else lse.data_ptr() % 16,
+            qp % 16, kp % 16, vp % 16, op % 16, lp % 16,
         )
         memo = plan.memo.get("replay")
-        index = device.index
-        if memo is not None and memo[0] == key and memo[1] is not None:
-            ptrs = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "out": out.data_ptr()}
-            if lse is not None:
-                ptrs["lse"] = lse.data_ptr()
+        if memo is not None and memo[1] is not None and memo[0] == key:
+            index = device.index
+            ptrs = {"q": qp, "k": kp, "v": vp, "out": op, "lse": lp}
             if torch.cuda.current_device() == index:
                 memo[1](index, ptrs)
             else:
