@@ -31,4 +31,10 @@ def mla_plugins_kernels() -> list:
         (the value users pass as `kernel=` or `MLA_PLUGINS_KERNEL`), a `priority`
         (lower is tried first under `kernel="auto"`; the built-ins use aiter 0,
         triton 10, torch 100) and answers `not_supported_reasons(inputs)`.
+
+    The registry calls each plugin's implementation on its own: an implementation that
+    raises, or returns anything but a list of Kernel instances, loses its own kernels only
+    (reported in `mla-plugins doctor`). The built-in names (`aiter`, `triton`, `torch`) and
+    `auto` cannot be taken; between third-party plugins the first registered keeps a name.
+    A `not_supported_reasons` that raises counts as that kernel's rejection reason.
     """
