@@ -1,6 +1,6 @@
 """Framework-free core: plan, kernels, reduce, AITER binding, kernel registry."""
 
-from .aiter import AiterStatus, aiter_mla_reduce_v1, probe_aiter
+from .aiter import AiterStatus, aiter_get_ps_metadata_v1, aiter_mla_reduce_v1, probe_aiter
 from .api import available_kernels, mla_prefill, mla_reduce, unsupported_reasons
 from .kernels import hookimpl
 from .kernels.base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
@@ -18,6 +18,7 @@ __all__ = [
     "PrefillInputs",
     "PrefillPlan",
     "ReduceInputs",
+    "aiter_get_ps_metadata_v1",
     "aiter_mla_reduce_v1",
     "available_kernels",
     "env_flag",

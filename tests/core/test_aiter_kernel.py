@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mla_plugins.core import aiter as aiter_binding
+from mla_plugins.core import device
 from mla_plugins.core.kernels import aiter_kernel, base
 from mla_plugins.core.kernels.aiter_kernel import AiterKernel, padded_heads
 from mla_plugins.core.kernels.base import ConfigInputs, ReduceInputs
@@ -54,10 +55,68 @@ def test_arch(rocm):
     assert reasons == ["arch gfx942 not supported (AITER's FP8 prefill exists for ['gfx950'] only)"]
 
 
-@pytest.mark.parametrize("heads,padded", [(1, 1), (3, 4), (12, 16), (16, 16), (20, 32), (100, 128), (128, 128), (129, None)])
+@pytest.mark.parametrize("heads,padded", [(1, 1), (2, 16), (3, 16), (8, 16), (10, 16), (12, 16),
+                                          (16, 16), (20, 32), (40, 64), (48, 64), (80, 128),
+                                          (96, 128), (100, 128), (128, 128), (129, None)])
 def test_head_padding(rocm, heads, padded):
+    """1 or a multiple of 16 (what the asm kernel is known to take: vLLM pads to 16, SGLang
+    saw 10 heads read out of bounds) that the v0.1.16 reduce router takes."""
     assert padded_heads(heads) == padded
     assert (AiterKernel().not_supported_reasons(config(heads=heads)) == []) == (padded is not None)
+
+
+@pytest.mark.parametrize("heads,v0116,v0120", [(48, 64, 48), (80, 128, 96), (96, 128, 96),
+                                               (33, 64, 48), (12, 16, 16)])
+def test_head_padding_follows_the_router_of_the_release(heads, v0116, v0120):
+    """AITER #4727 (v0.1.20) added 48 and 96 heads at Dv 128 to mla_reduce_v1's router."""
+    old = aiter_binding.AiterStatus(installed=True, is_amd_aiter=True, version="0.1.16")
+    new = aiter_binding.AiterStatus(installed=True, is_amd_aiter=True, version="0.1.22.post1")
+    dev = aiter_binding.AiterStatus(installed=True, is_amd_aiter=True, version="0.1.14-rc0-265-gff61bb3")
+    assert padded_heads(heads, old.reduce_router()) == v0116
+    assert padded_heads(heads, new.reduce_router()) == v0120
+    assert padded_heads(heads, dev.reduce_router()) == v0116  # older release: the smaller set
+    assert padded_heads(heads, aiter_binding.AiterStatus(installed=True).reduce_router()) == v0116
+
+
+def test_no_key_rows():
+    cq, ck = (0, 5, 8, 8, 12), (0, 3, 3, 9, 9)
+    assert aiter_kernel.no_key_rows(cq, ck, causal=True) == [(0, 2), (5, 8), (8, 12)]
+    assert aiter_kernel.no_key_rows(cq, ck, causal=False) == [(5, 8), (8, 12)]
+
+
+@pytest.mark.parametrize("version,name", [(90402, "gfx942"), (90500, "gfx950"), (90010, "gfx90a"),
+                                          (110000, "gfx1100"), (100300, "gfx1030")])
+def test_gfx_name_from_kfd_target_version(version, name):
+    assert device._gfx_name(version) == name
+
+
+def test_arch_from_kfd_sysfs_without_a_context(tmp_path, monkeypatch):
+    """The arch comes from KFD's topology (no HIP context); CPU nodes report 0."""
+    for node, version in (("0", 0), ("1", 90500), ("2", 90500), ("10", 90402)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "properties").write_text(
+            f"cpu_cores_count 0\ngfx_target_version {version}\nsimd_count 1024\n")
+    assert device._kfd_archs(tmp_path) == ["gfx950", "gfx950", "gfx942"]
+    monkeypatch.setattr(device, "_kfd_archs", lambda: ["gfx950", "gfx950", "gfx942"])
+    monkeypatch.setattr(device, "_amdsmi_archs", lambda: [])
+    monkeypatch.setattr(torch.version, "hip", "7.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *a, **k: pytest.fail("created a HIP context"))
+    for var in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    device.gcn_arch_no_context.cache_clear()
+    device.gcn_arch.cache_clear()
+    try:
+        assert device.gcn_arch_no_context(2) == "gfx942"
+        monkeypatch.setenv("HIP_VISIBLE_DEVICES", "2,0")
+        device.gcn_arch_no_context.cache_clear()
+        assert device.gcn_arch_no_context(0) == "gfx942"
+        assert device.gcn_arch_no_context(1) == "gfx950"
+        device.gcn_arch.cache_clear()
+        assert device.gcn_arch(1) == "gfx950"
+    finally:
+        device.gcn_arch_no_context.cache_clear()
+        device.gcn_arch.cache_clear()
 
 
 def reduce_inputs(heads, dv, dtype=torch.bfloat16):
@@ -66,7 +125,8 @@ def reduce_inputs(heads, dv, dtype=torch.bfloat16):
                         torch.empty(4, heads, dv, dtype=dtype), None)
 
 
-@pytest.mark.parametrize("heads,dv,ok", [(16, 128, True), (12, 128, False), (48, 512, True), (10, 512, False)])
+@pytest.mark.parametrize("heads,dv,ok", [(16, 128, True), (12, 128, False), (48, 512, True), (10, 512, False),
+                                        (48, 128, False)])
 def test_reduce_router(rocm, heads, dv, ok):
     """The reduce alone is not padded: it takes exactly the router's (H, Dv) pairs."""
     reasons = AiterKernel().not_supported_reasons(reduce_inputs(heads, dv))

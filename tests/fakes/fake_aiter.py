@@ -38,7 +38,7 @@ The kernels (tests/fakes/aiter_src/aiter/_kernels.py, which cites file:line):
   mla_plugins' CPU worker count; `FAKE_AITER_CU_COUNT` overrides it at import).
 
 Test hooks on the package (not AITER API): `aiter.calls` (every mla_reduce_v1 call that
-reached the kernel: {"op", "nargs", "num_kv_splits"}), `aiter.all_calls` (every op call,
+reached the kernel: {"op", "nargs", "num_kv_splits", "final_lse", ...}), `aiter.all_calls` (every op call,
 in order, each with "op"), `aiter._kernels.EMPTY_ROW_OUT` (what unsplit rows that see no
 key get; set it to NaN to check a caller does not depend on the modelled 0).
 
