@@ -103,10 +103,16 @@ class Launch:
         args = self.template.copy() if (self.slots or self.descs) else self.template
         for index, name, offset in self.slots:
             args[index] = ptrs[name] + offset
-        for index, name, offset, shape, strides, padding, meta, make in self.descs:
-            expanded = make(_Desc(_Ptr(ptrs[name] + offset), shape, strides, padding), meta)
-            if expanded and hasattr(expanded[0], "data_ptr") and not isinstance(expanded[0], int):
-                expanded[0] = expanded[0].data_ptr()
+        for desc in self.descs:
+            index, name, offset, shape, strides, padding, meta, make, last = desc
+            ptr = ptrs[name] + offset
+            if last[0] == ptr:  # the caching allocator often hands a layer the same address
+                expanded = last[1]
+            else:
+                expanded = make(_Desc(_Ptr(ptr), shape, strides, padding), meta)
+                if expanded and hasattr(expanded[0], "data_ptr") and not isinstance(expanded[0], int):
+                    expanded[0] = expanded[0].data_ptr()
+                last[0], last[1] = ptr, expanded
             args[index : index + len(expanded)] = expanded
         g = self.grid
         self.launch(g[0], g[1], g[2], stream, self.function, self.coop, self.pdl, None, None,
@@ -220,7 +226,8 @@ class Recorder:
                     expanded[0] = expanded[0].data_ptr()
                 if where is not None:
                     descs.append((len(template), where[0], where[1], list(value.shape),
-                                  list(value.strides), value.padding, meta, nv.make_tensordesc_arg))
+                                  list(value.strides), value.padding, meta, nv.make_tensordesc_arg,
+                                  [None, None]))
                 template.extend(expanded)
             elif isinstance(value, torch.Tensor):
                 where = self._where(value)
