@@ -10,7 +10,9 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "core", "triton", "vllm", "vllm_024", "vllm_025", "sglang"]
+nox.options.sessions = [
+    "lint", "core", "triton", "vllm", "vllm_024", "vllm_025", "sglang", "sglang_0514", "sglang_0515",
+]
 
 PYTHON = "3.11"
 # CPU build from the local wheel cache; an unpinned torch would pull a multi-GB CUDA build.
@@ -211,3 +213,51 @@ def sglang(session: nox.Session) -> None:
         session.run("python", "-m", "mla_plugins.demo.sglang_demo", *session.posargs[1:], env=env)
         return
     session.run("python", "-m", "pytest", "tests/sglang", "-p", "no:cacheprovider", *session.posargs, env=env)
+
+
+#: Pins that replace SGLANG_DEPS entries for older SGLang releases: each release's own
+#: transformers pin (0.5.14: 5.8.1, 0.5.15: 5.12.1; with 5.19 their configs fail to import:
+#: "'qwen3_asr' is already used by a Transformers config") and what that transformers needs
+#: (huggingface_hub < 2 with httpx, tokenizers <= 0.23.0, typer). Resolved by pip, then pinned.
+SGLANG_RELEASE_PINS = {
+    release: [f"transformers=={tf}", "huggingface_hub==1.33.0", "hf-xet==1.8.0", "httpx==0.28.1",
+              "httpcore==1.0.9", "tokenizers==0.22.2", "typer==0.29.2", "shellingham==1.5.4"]
+    for release, tf in (("0.5.14", "5.8.1"), ("0.5.15", "5.12.1"))
+}
+
+
+def _sglang_deps(version: str) -> list[str]:
+    """SGLANG_DEPS with `version`'s own pins (SGLANG_RELEASE_PINS) in place of the same names."""
+    def name(pin: str) -> str:
+        return pin.split("==")[0].lower().replace("_", "-")
+
+    pins = SGLANG_RELEASE_PINS.get(version, [])
+    replaced = {name(p) for p in pins}
+    return [p for p in SGLANG_DEPS if name(p) not in replaced] + pins
+
+
+def _sglang_aiter_matrix(session: nox.Session, version: str) -> None:
+    """One older SGLang release, for the AITER matrix only (tests/sglang/test_aiter_matrix.py):
+    its real aiter backend module against each fake AITER convention, with and without the shim.
+    The other SGLang tests run once, on 0.5.23, in the `sglang` session."""
+    session.install(TORCH)
+    session.install("--no-deps", *_sglang_deps(version), f"sglang=={version}")
+    session.install("--no-deps", "-e", ".")
+    import os
+
+    env = {"PYTHONPATH": os.path.abspath("tests/sglang/env"), "PYTHONHASHSEED": "0",
+           "MLA_PLUGINS_EXPECT_SGLANG": version}
+    session.run("python", "-m", "pytest", "tests/sglang/test_aiter_matrix.py", "-p", "no:cacheprovider",
+                *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON)
+def sglang_0514(session: nox.Session) -> None:
+    """SGLang 0.5.14: the last release whose aiter backend calls mla_reduce_v1 with 8 arguments."""
+    _sglang_aiter_matrix(session, "0.5.14")
+
+
+@nox.session(python=PYTHON)
+def sglang_0515(session: nox.Session) -> None:
+    """SGLang 0.5.15: the first release passing num_kv_splits=0 (9 arguments), before need_lse."""
+    _sglang_aiter_matrix(session, "0.5.15")
