@@ -44,7 +44,10 @@ def _check_qkv(q, k, v) -> None:
             raise TypeError(f"{name}: found dtype {t.dtype}, expected torch.bfloat16 or torch.float16{hint}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"k, v: found dtypes {k.dtype}, {v.dtype}, expected {q.dtype} like q")
+    check_not_meta("q", q)  # meta tensors hold no data: torch fails deep inside otherwise
     check_same_device("q", q, k=k, v=v)
+    check_dims_positive("q", q, {2: "head dim"})  # the default scale divides by it
+    check_dims_positive("v", v, {2: "value head dim"})
     if k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
         raise ValueError(
             f"k, v: found {k.shape[1]} and {v.shape[1]} heads, expected {q.shape[1]} like q "

@@ -393,3 +393,16 @@ def test_host_offsets_as_lists_in_prefill():
     ref = _run_and_check(q, k, v, cq, ck)
     out = mla_plugins.mla_prefill(q, k, v, cq.tolist(), tuple(ck.tolist()), fp8=False)
     torch.testing.assert_close(out, ref)
+
+
+def test_head_dim_zero_everywhere_names_the_head_dim():
+    """q and k both with head dim 0 (no mismatch to catch): was a ZeroDivisionError."""
+    q, k, v, cq, ck = random_batch([5], [5], 2)
+    assert_names(lambda: mla_plugins.mla_prefill(q[..., :0], k[..., :0], v, cq, ck), "q")
+    assert_names(lambda: mla_plugins.mla_prefill(q, k, v[..., :0], cq, ck), "v")
+
+
+def test_everything_on_the_meta_device_names_q():
+    """All inputs on meta (no mismatch to catch): was NotImplementedError from torch."""
+    q, k, v, cq, ck = (t.to("meta") for t in random_batch([5], [5], 2))
+    assert_names(lambda: mla_plugins.mla_prefill(q, k, v, cq, ck), "q")
