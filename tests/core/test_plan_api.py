@@ -213,3 +213,17 @@ def test_triton_off_the_interpreter_is_not_offered_on_a_cpu(monkeypatch):
         assert not info.available and "device cpu not supported" in info.reasons[0]
     finally:
         registry.reset_registry()
+
+
+def test_new_views_of_one_workspace_reuse_the_carving():
+    """vLLM hands a fresh view of its workspace to every call: the plan's views are kept."""
+    q, k, v, cq, ck = random_batch([300, 40], [700, 40], 3, dqk=24, dv=16)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=3, num_workers=6, head_dim_v=16, fp8=False)
+    big = torch.empty(plan.workspace_bytes + 4096, dtype=torch.uint8)
+    mla_plugins.mla_prefill(q, k, v, plan=plan, workspace=big[:plan.workspace_bytes + 512])
+    token = plan.memo["scratch"][-1]
+    out = mla_plugins.mla_prefill(q, k, v, plan=plan, workspace=big[:plan.workspace_bytes + 512])
+    assert plan.memo["scratch"][-1] == token
+    mla_plugins.mla_prefill(q, k, v, plan=plan, workspace=big[256:])  # other memory: carved anew
+    assert plan.memo["scratch"][-1] != token
+    assert relative_error(out, reference_attention(q, k, v, cq, ck)[0]) <= BF16_TOL

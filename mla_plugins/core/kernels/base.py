@@ -311,7 +311,11 @@ class Kernel:
         the views can be keyed by it."""
         memo = plan.memo.get("scratch")
         fp8, dv = inputs.fp8, inputs.v.shape[2]
-        if memo is not None and memo[0] is fp8 and memo[1] == dv and memo[2] is workspace:
+        # a framework may hand a new view of the same memory on every call: compare the memory
+        where = None if workspace is None else (
+            workspace.data_ptr() if isinstance(workspace, torch.Tensor) else id(workspace),
+            workspace.numel() if isinstance(workspace, torch.Tensor) else 0)
+        if memo is not None and memo[0] is fp8 and memo[1] == dv and memo[2] == where:
             shared = memo[3]
             if shared is None or shared.generation == memo[4]:
                 return memo[5], memo[6]
@@ -325,7 +329,7 @@ class Kernel:
             shared, generation = None, 0
             views = carve(workspace, layout, name="workspace", device=inputs.device)
         token = next_token()
-        plan.memo["scratch"] = (fp8, dv, workspace, shared, generation, views, token)
+        plan.memo["scratch"] = (fp8, dv, where, shared, generation, views, token)
         return views, token
 
     def prefill(
