@@ -5,6 +5,8 @@ One subprocess runs `python -m mla_plugins.demo.vllm_demo --json` (three engines
 bf16, ours bf16 selected by the name MLA_PLUGINS, ours fp8 selected as CUSTOM); every
 test below reads its results, so the engines start once (about a minute each here).
 The trace has one line per prefill call and one "plan" line per batch the adapter planned.
+Measured 2026-12-01 on the shared 2-core machine: 514 s for the module (engines 191 / 122 /
+107 s); bf16 prompt top-1 99.4%, fp8 97.9%, generated tokens equal in both.
 """
 
 from __future__ import annotations

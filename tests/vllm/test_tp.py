@@ -8,6 +8,9 @@ with 4 heads, so 2 per rank. Chunked prefill at 512 tokens per batch cuts the 70
 1100-token prompts, so later chunks attend over cached context (context-chunk calls).
 Both ranks all-reduce in the same order whichever prefill runs, so bf16 greedy tokens must
 be equal to the built-in's; fp8 is held to top-1 agreement over the prompt positions.
+Measured 2026-12-01 on the shared 2-core machine (load ~12): 821 s for the module, the three
+engines 429 s (built-in) / 208 s (ours bf16) / 152 s (ours fp8); bf16 tokens equal, prompt
+top-1 99.4%; fp8 tokens equal, prompt top-1 97.4% over 1866 positions.
 """
 
 from __future__ import annotations
