@@ -35,13 +35,17 @@ import torch
 
 DQK, DV = 192, 128
 SHAPES = [
-    # name, q lens, k lens, heads
+    # name, q lens, k lens, heads (issue 12's list: large, small, chunked = k > q)
     ("B1-S8192-H128", [8192], [8192], 128),
     ("B4-S4096-H16", [4096] * 4, [4096] * 4, 16),
     ("B1-S16384-H16", [16384], [16384], 16),
     ("B8-S2048-H128", [2048] * 8, [2048] * 8, 128),
-    ("varlen-H128", [3000, 1500, 800, 4096, 200, 2500], [3000, 1500, 800, 4096, 200, 2500], 128),
-    ("chunked-H128", [1024] * 4, [4096, 6000, 2048, 1024], 128),
+    ("B1-S1024-H16", [1024], [1024], 16),
+    ("B1-S2048-H8", [2048], [2048], 8),
+    ("B16-S512-H16", [512] * 16, [512] * 16, 16),
+    ("chunked-q512-k8192-H16", [512], [8192], 16),
+    ("chunked-q512-k8192-H128", [512], [8192], 128),
+    ("chunked-q2048-k18432-H16", [2048], [18432], 16),
 ]
 
 
@@ -158,9 +162,8 @@ def time_ours(q, k, v, cq, ck, heads, fp8, plan, config=None, e2e=True):
     ms_e2e = bench(run_e2e) if (e2e or not fp8) else None
     ms_attn = None
     if fp8:
-        amax = tq.amax_qkv(q, k, v)
-        k8, vt8 = tq.cast_kv(k, v, amax, inputs.fp8_dtype)
-        quant = (amax, k8, vt8)
+        quant = tq.quantize_kv(k, v, ck, len(plan.cu_seqlens_host[1]) - 1, plan.max_seqlen_k,
+                               inputs.fp8_dtype)
         ms_attn = bench(lambda: run_prefill(inputs, plan, out, None, po, pl, config=config, quantized=quant))
     del kernel
     return ms_e2e, ms_attn
@@ -331,64 +334,180 @@ def accuracy_sample(device):
     return {"shape": f"lens {lq}, H {heads}, causal", "rel_err": errs}
 
 
+def cudnn_fp8_peer(q, k, v, lens_q, lens_k, heads, scale):
+    """cuDNN's own FP8 attention (nvidia-cudnn-frontend sdpa_fp8) on pre-quantized
+    [B, H, S, D] inputs with unit descales, FP8 output; uniform batches only."""
+    import cudnn
+
+    if len(set(lens_q)) != 1 or len(set(lens_k)) != 1:
+        raise ValueError("uniform batches only")
+    b, sq, sk = len(lens_q), lens_q[0], lens_k[0]
+    f8 = torch.float8_e4m3fn
+    q8 = q.to(f8).view(b, sq, heads, DQK).permute(0, 2, 1, 3)
+    k8 = k.to(f8).view(b, sk, heads, DQK).permute(0, 2, 1, 3)
+    v8 = v.to(f8).view(b, sk, heads, DV).permute(0, 2, 1, 3)
+    o8 = torch.empty(b, sq, heads, DV, dtype=f8, device=q.device).permute(0, 2, 1, 3)
+    one = torch.ones(1, 1, 1, 1, device=q.device)
+    amax_s = torch.zeros(1, 1, 1, 1, device=q.device)
+    amax_o = torch.zeros(1, 1, 1, 1, device=q.device)
+    handle = cudnn.create_handle()
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    tq_, tk_, tv_ = (g.tensor_like(t) for t in (q8, k8, v8))
+    for t in (tq_, tk_, tv_):
+        t.set_data_type(cudnn.data_type.FP8_E4M3)
+    sc = {n: g.tensor_like(one) for n in ("dq", "dk", "dv", "ds", "ss", "so")}
+    outs = g.sdpa_fp8(q=tq_, k=tk_, v=tv_, descale_q=sc["dq"], descale_k=sc["dk"], descale_v=sc["dv"],
+                      descale_s=sc["ds"], scale_s=sc["ss"], scale_o=sc["so"], is_inference=True,
+                      attn_scale=scale, use_causal_mask=sq == sk,
+                      use_causal_mask_bottom_right=sq != sk)
+    o, rest = outs[0], [t for t in outs[1:] if t is not None]
+    o.set_output(True).set_dim(list(o8.shape)).set_stride(list(o8.stride())).set_data_type(
+        cudnn.data_type.FP8_E4M3)
+    amaxes = [amax_s, amax_o][: len(rest)]
+    for t in rest:
+        t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=q.device)
+    pack = {tq_: q8, tk_: k8, tv_: v8, o: o8, **{sc[n]: one for n in sc}}
+    pack.update(dict(zip(rest, amaxes, strict=False)))
+
+    def run():
+        g.execute(pack, ws, handle=handle)
+
+    run()
+    torch.cuda.synchronize()
+    return run, lambda: o8.permute(0, 2, 1, 3).reshape(-1, heads, DV)
+
+
+def cudnn_bf16_peer(q, k, v, lens_q, lens_k, heads):
+    """torch SDPA, cuDNN backend, [B, H, S, D] views; bottom-right causal when k > q."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    from torch.nn.functional import scaled_dot_product_attention
+
+    if len(set(lens_q)) != 1 or len(set(lens_k)) != 1:
+        raise ValueError("uniform batches only")
+    b, sq, sk = len(lens_q), lens_q[0], lens_k[0]
+    qs = q.view(b, sq, heads, DQK).transpose(1, 2)
+    ks = k.view(b, sk, heads, DQK).transpose(1, 2)
+    vs = v.view(b, sk, heads, DV).transpose(1, 2)
+    mask = causal_lower_right(sq, sk) if sk != sq else None
+
+    def run():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            if mask is None:
+                return scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+            return scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+
+    return run, lambda o: o.transpose(1, 2).reshape(-1, heads, DV)
+
+
+def graph_ms(fn):
+    """GPU time of fn replayed from a CUDA graph (no launch gaps), or None if capture fails."""
+    import triton.testing
+
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    except Exception:
+        return None
+
+
 def main_bench(args):
     import mla_plugins
-    from mla_plugins.core.kernels.triton_kernel import BF16_CONFIG, FP8_CONFIG, TritonKernel
-    from tests.gpu.conftest import make_inputs
+    from tests.gpu.conftest import reference_on_device, rel_err
 
     device = torch.device("cuda")
-    result = {"env": environment(), "configs": {"fp8": asdict(FP8_CONFIG), "bf16": asdict(BF16_CONFIG)}}
-    t0 = time.time()
-    precompile([(True, asdict(FP8_CONFIG)), (False, asdict(BF16_CONFIG))], workers=2)
-    print(f"precompiled in {time.time() - t0:.0f}s", flush=True)
+    result = {"env": environment()}
     result["ceilings"] = {
         "fp8_gemm_tflops": fp8_gemm_ceiling(device),
         "bf16_gemm_tflops": bf16_gemm_ceiling(device),
         "copy_tb_s": copy_ceiling(device),
     }
     print(json.dumps(result["ceilings"]), flush=True)
-    kernel = TritonKernel()
+    gemm = result["ceilings"]["fp8_gemm_tflops"]
     rows = []
+    only = set(args.shapes.split(",")) if args.shapes else None
     for name, lq, lk, heads in SHAPES:
+        if only and name not in only:
+            continue
         q, k, v, cq, ck = make_batch(lq, lk, heads, device)
         fl = flops(lq, lk, heads)
+        scale = DQK**-0.5
         row = {"shape": name, "heads": heads, "tflop": fl / 1e12}
+        ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
         for fp8 in (True, False):
-            inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
-            plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=True, **kernel.plan_params(inputs))
             key = "fp8" if fp8 else "bf16"
-            row[f"{key}_plan"] = plan.summary()
-            e2e, attn = time_ours(q, k, v, cq, ck, heads, fp8, plan)
-            row[f"ours_{key}_ms"] = e2e
-            row[f"ours_{key}_tflops"] = fl / e2e / 1e9
-            if attn is not None:
-                row["ours_fp8_attn_ms"] = attn
-                row["ours_fp8_attn_tflops"] = fl / attn / 1e9
-        for backend in ("cudnn", "flash"):
             try:
-                run, _ = sdpa_peer(q, k, v, cq, heads, backend)
-                ms = bench(run)
-                row[f"sdpa_{backend}_ms"] = ms
-                row[f"sdpa_{backend}_tflops"] = fl / ms / 1e9
+                plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=fp8,
+                                                kernel="triton", device=device) \
+                    if _has_new_plan_api() else _kernel_plan(q, k, v, cq, ck, heads, fp8)
+                out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=device)
+
+                def fn(plan=plan, out=out, fp8=fp8, q=q, k=k, v=v, cq=cq, ck=ck):
+                    mla_plugins.mla_prefill(q, k, v, cq, ck, plan=plan, fp8=fp8, out=out,
+                                            return_lse=False, kernel="triton")
+
+                fn()
+                row[f"err_{key}"] = rel_err(out, ref)
+                row[f"ours_{key}_plan"] = plan.summary()
+                ms = bench(fn)
+                row[f"ours_{key}_ms"] = ms
+                row[f"ours_{key}_tflops"] = fl / ms / 1e9
+                gms = graph_ms(fn)
+                if gms:
+                    row[f"ours_{key}_graph_tflops"] = fl / gms / 1e9
+                if fp8:
+                    # the two parts alone: the one-pass k/v quantization and the attention on
+                    # its output (q is still cast inside the attention)
+                    from mla_plugins.core.kernels import triton_quant as tq
+
+                    nb, mk = len(lq), max(lk)
+                    qms = bench(lambda k=k, v=v, ck=ck, nb=nb, mk=mk: tq.quantize_kv(
+                        k, v, ck, nb, mk, torch.float8_e4m3fn))
+                    row["quant_kv_ms"] = qms
+                    row["quant_kv_tb_s"] = (k.numel() + v.numel()) * 3 / qms / 1e9
+                    _, attn = time_ours(q, k, v, cq, ck, heads, True, plan, e2e=False)
+                    row["ours_fp8_attn_ms"] = attn
+                    row["ours_fp8_attn_tflops"] = fl / attn / 1e9
             except Exception as exc:
-                row[f"sdpa_{backend}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        cud = row.get("sdpa_cudnn_tflops")
-        if cud:
-            for key in ("ours_fp8_tflops", "ours_fp8_attn_tflops", "ours_bf16_tflops", "sdpa_flash_tflops"):
-                if row.get(key):
-                    row[key.replace("_tflops", "_vs_cudnn")] = row[key] / cud
-        for key in ("ours_fp8_tflops", "ours_fp8_attn_tflops"):
-            row[key.replace("_tflops", "_of_fp8_gemm")] = row[key] / result["ceilings"]["fp8_gemm_tflops"]
+                row[f"ours_{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                traceback.print_exc()
+        try:
+            run, unpack = cudnn_bf16_peer(q, k, v, lq, lk, heads)
+            row["err_cudnn_bf16"] = rel_err(unpack(run()), ref)
+            ms = bench(run)
+            row["cudnn_bf16_tflops"] = fl / ms / 1e9
+            gms = graph_ms(run)
+            if gms:
+                row["cudnn_bf16_graph_tflops"] = fl / gms / 1e9
+        except Exception as exc:
+            row["cudnn_bf16_tflops"] = None
+            row["cudnn_bf16_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        try:
+            run, unpack = cudnn_fp8_peer(q, k, v, lq, lk, heads, scale)
+            row["err_cudnn_fp8"] = rel_err(unpack().float(), ref)
+            ms = bench(run)
+            row["cudnn_fp8_tflops"] = fl / ms / 1e9
+        except Exception as exc:
+            row["cudnn_fp8_tflops"] = None
+            row["cudnn_fp8_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        f8, b16 = row.get("ours_fp8_tflops"), row.get("ours_bf16_tflops")
+        c8, cb = row.get("cudnn_fp8_tflops"), row.get("cudnn_bf16_tflops")
+        row["ours_fp8_vs_cudnn_fp8"] = f8 / c8 if f8 and c8 else None
+        row["ours_fp8_vs_cudnn_bf16"] = f8 / cb if f8 and cb else None
+        row["ours_bf16_vs_cudnn_bf16"] = b16 / cb if b16 and cb else None
+        row["ours_fp8_of_fp8_gemm"] = f8 / gemm if f8 else None
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del q, k, v
+        del q, k, v, ref
         torch.cuda.empty_cache()
     result["shapes"] = rows
-    red = reduce_bandwidth(device)
-    red["of_copy"] = red["tb_s"] / result["ceilings"]["copy_tb_s"]
-    result["reduce"] = red
-    result["planning"] = planning_times(device)
-    result["accuracy"] = accuracy_sample(device)
+    result["serving"] = _serving()
     result["command"] = "PYTHONPATH=. python benchmarks/prefill.py " + " ".join(sys.argv[1:])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
@@ -396,38 +515,76 @@ def main_bench(args):
     print_table(result)
 
 
+def _has_new_plan_api() -> bool:
+    import inspect
+
+    import mla_plugins
+
+    return "kernel" in inspect.signature(mla_plugins.plan_prefill).parameters
+
+
+def _kernel_plan(q, k, v, cq, ck, heads, fp8):
+    """The Triton kernel's own plan (before plan_prefill took kernel=)."""
+    import mla_plugins
+    from mla_plugins.core.kernels.triton_kernel import TritonKernel
+    from tests.gpu.conftest import make_inputs
+
+    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
+    return mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=True,
+                                    **TritonKernel().plan_params(inputs))
+
+
 def print_table(r):
     c = r["ceilings"]
     print(f"\n{r['env']['gpu']}  torch {r['env']['torch']}  triton {r['env']['triton']}  cuDNN {r['env']['cudnn']}")
     print(f"ceilings: FP8 GEMM {c['fp8_gemm_tflops']:.0f} TFLOP/s, bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, "
           f"copy {c['copy_tb_s']:.2f} TB/s")
-    head = ("shape", "fp8 e2e", "fp8 attn", "bf16", "cuDNN", "flash", "fp8e2e/cud", "fp8attn/cud",
-            "bf16/cud", "fp8attn/GEMM")
-    print("TFLOP/s (causal, FLOPs = 2*H*(192+128) per visible pair)")
-    print("  ".join(f"{h:>13}" for h in head))
+    head = ("shape", "fp8", "fp8 graph", "fp8 attn", "quant TB/s", "bf16", "cuDNN fp8", "cuDNN bf16", "bf16 graph", "fp8/cud8",
+            "fp8/cud16", "bf16/cud16", "fp8/GEMM", "err fp8", "err bf16")
+    print("TFLOP/s (causal, bottom-right for k > q; FLOPs = 2*H*(192+128) per visible pair)")
+    print(" ".join(f"{h:>11}" for h in head))
     f = lambda x, p=0: "-" if x is None else (f"{x:.{p}f}" if isinstance(x, float) else str(x))
     for row in r["shapes"]:
-        vals = (row["shape"], f(row.get("ours_fp8_tflops")), f(row.get("ours_fp8_attn_tflops")),
-                f(row.get("ours_bf16_tflops")), f(row.get("sdpa_cudnn_tflops")), f(row.get("sdpa_flash_tflops")),
-                f(row.get("ours_fp8_vs_cudnn"), 2), f(row.get("ours_fp8_attn_vs_cudnn"), 2),
-                f(row.get("ours_bf16_vs_cudnn"), 2), f(row.get("ours_fp8_attn_of_fp8_gemm"), 2))
-        print("  ".join(f"{v:>13}" for v in vals))
-    red = r["reduce"]
-    print(f"reduce: {red['tb_s']:.2f} TB/s = {red['of_copy']:.0%} of copy ({red['shape']}, {red['ms']:.3f} ms)")
-    for p in r["planning"]:
-        print(f"plan {p['sequences']:>3} seqs x {p['len']}: {p['ms']:.3f} ms  [{p['plan']}]")
-    print("relative error vs float64 (" + r["accuracy"]["shape"] + "):")
-    for k, v in r["accuracy"]["rel_err"].items():
-        print(f"  {k}: {v if isinstance(v, str) else f'{v:.2e}'}")
+        vals = (row["shape"][:24], f(row.get("ours_fp8_tflops")), f(row.get("ours_fp8_graph_tflops")),
+                f(row.get("ours_fp8_attn_tflops")), f(row.get("quant_kv_tb_s"), 2), f(row.get("ours_bf16_tflops")), f(row.get("cudnn_fp8_tflops")), f(row.get("cudnn_bf16_tflops")),
+                f(row.get("cudnn_bf16_graph_tflops")),
+                f(row.get("ours_fp8_vs_cudnn_fp8"), 2), f(row.get("ours_fp8_vs_cudnn_bf16"), 2),
+                f(row.get("ours_bf16_vs_cudnn_bf16"), 2), f(row.get("ours_fp8_of_fp8_gemm"), 2),
+                f(row.get("err_fp8"), 4), f(row.get("err_bf16"), 4))
+        print(" ".join(f"{v:>11}" for v in vals))
+    for row in r["shapes"]:
+        for key in ("cudnn_fp8_error", "cudnn_bf16_error", "ours_fp8_error", "ours_bf16_error"):
+            if row.get(key):
+                print(f"{row['shape']} {key}: {row[key][:160]}")
+
+
+def _serving() -> list[dict]:
+    """The "serving" section: benchmarks/serving.py's 61-call loops (H6)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serving import run_serving
+
+    return run_serving()
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/h200.json")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
+    ap.add_argument("--serving-only", action="store_true",
+                    help="only the 'serving' section (benchmarks/serving.py), merged into --out")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/prefill.py needs a CUDA GPU")
+    if args.serving_only:
+        result = {}
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                result = json.load(f)
+        result["serving"] = _serving()
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        return
     try:
         (sweep if args.sweep else main_bench)(args)
     except Exception:

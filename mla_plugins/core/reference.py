@@ -17,12 +17,21 @@ def reference_attention(
     *,
     softmax_scale: float | None = None,
     causal: bool = True,
+    fp8_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out float64 [total_q, H, Dv], lse float64 [total_q, H]) on the CPU.
 
     Causal is bottom-right aligned: row i of a sequence sees keys j <= i + k_len - q_len.
-    Rows that see no key get 0 and -inf.
+    Rows that see no key get 0 and -inf. With `fp8_dtype`, q, k and v are first quantized
+    and dequantized by core/fp8.py's block rule (what the fp8 kernels compute from), then
+    everything runs in float64 as without it.
     """
+    if fp8_dtype is not None:
+        from .fp8 import block_dequantize, block_quantize
+
+        cq_h, ck_h = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        q, k, v = (block_dequantize(*block_quantize(t.detach().cpu(), c, fp8_dtype))
+                   for t, c in ((q, cq_h), (k, ck_h), (v, ck_h)))
     q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()

@@ -93,7 +93,7 @@ def attention_specs(arch: str) -> list[Spec]:
                 "WorkInfo": "*i32", "Out": "*bf16", "Q": "*bf16", "Lse": "*fp32", "PartO": "*fp32",
                 "PartLse": "*fp32", "Scales": "*fp32", "Amax": "*fp32", "qk_scale": "fp32",
                 **_ints("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "vt_stride", "so_t", "so_h",
-                        "sl_t", "sl_h", "spo_t", "spo_h", "spl_t", "spl_h", "ss_b", "num_sub",
+                        "sl_t", "sl_h", "spo_t", "spo_h", "spl_t", "spl_h", "ss_w", "num_sub",
                         "causal", "has_lse"),
             }
             if tma:

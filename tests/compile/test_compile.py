@@ -25,6 +25,9 @@ KNOWN_SPILLS = {
     "before the key loop: the 128x192 bf16 q tile held in registers",
     ("sm_90", "attention bf16 128x64 w8 s3"): "pointer loads of k/v for strided views "
     "(no TMA): 64-bit addresses per element",
+    ("sm_90", "attention fp8 64x64 w4 s4 tma"): "block scaling added a few live scalars to a "
+    "kernel at 254 registers: ~30 stores of long-lived values at entry and ~20 around the "
+    "epilogue, none inside the key loops",
 }
 
 SPECS = aot.all_specs()
@@ -57,6 +60,7 @@ def test_every_kernel_is_covered():
     for mod in (triton_attention, triton_quant, triton_reduce):
         for name, obj in vars(mod).items():
             if type(obj).__name__ == "JITFunction" and not name.startswith("_load") and name not in (
-                "_attend_blocks", "_merge_block", "fp8_scale_from_amax"
+                "_attend_blocks", "_merge_block", "_block_scales", "nan_aware_amax", "max_nan",
+                "scale_from_amax", "to_fp8"
             ):
                 assert name in launched, f"{mod.__name__}.{name} has no compile spec in tests/compile"

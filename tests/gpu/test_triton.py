@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import mla_plugins
-from mla_plugins.core.fp8 import quantize_fp8
 from mla_plugins.core.reduce import torch_reduce
 from tests.core.helpers import (
     BF16_TOL,
@@ -112,20 +111,28 @@ def test_large_magnitude_no_nan(fp8, device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_quantization_matches_core_rule(dtype, device):
-    """amax and cast give exactly core/fp8.py's fp8 values, v transposed."""
+    """The one-pass block quantization gives exactly core/fp8.py's fp8 values and scales,
+    v transposed into its 16-aligned per-sequence columns."""
+    from mla_plugins.core.fp8 import block_quantize
     from mla_plugins.core.kernels import triton_quant as tq
 
-    q, k, v, _, _ = random_batch([333], [517], 5, dtype=dtype, scale=3.0, device=device)
+    lens = [333, 0, 64, 517]
+    _, k, v, _, ck = random_batch(lens, lens, 5, dtype=dtype, scale=3.0, device=device)
+    k[400, 2, 7] = float("nan")
     fp8 = torch.float8_e4m3fn
-    amax = tq.amax_qkv(q, k, v)
-    for i, x in enumerate((q, k, v)):
-        assert amax[i].item() == x.abs().amax().float().item()
-    k8, vt8 = tq.cast_kv(k, v, amax, fp8)
-    rk, _ = quantize_fp8(k, fp8)
-    rv, _ = quantize_fp8(v, fp8)
-    assert torch.equal(k8.view(torch.uint8), rk.view(torch.uint8))
-    vt = vt8[:, : v.shape[0]].reshape(5, 128, v.shape[0]).permute(2, 0, 1)
-    assert torch.equal(vt.contiguous().view(torch.uint8), rv.view(torch.uint8))
+    cu = ck.tolist()
+    k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), fp8)
+    rk, sk = block_quantize(k.cpu(), cu, fp8)
+    rv, sv = block_quantize(v.cpu(), cu, fp8)
+    assert torch.equal(k8.cpu().view(torch.uint8), rk.view(torch.uint8))
+    vt, scales = vt8.cpu(), scales.cpu()
+    for b in range(len(lens)):
+        cols = torch.arange(cu[b], cu[b + 1]) - cu[b] % 16 + 16 * b
+        got = vt[:, cols].reshape(5, 128, -1).permute(2, 0, 1)
+        assert torch.equal(got.contiguous().view(torch.uint8), rv[cu[b]:cu[b + 1]].view(torch.uint8))
+        for t in range(cu[b], cu[b + 1], 64):
+            c = (t - cu[b] % 16 + 16 * b) // 16
+            assert torch.equal(scales[1, :, c], sv[t]) and torch.equal(scales[0, :, c].isnan(), sk[t].isnan())
 
 
 def test_quantization_all_zero_scale_one(device):
@@ -133,10 +140,46 @@ def test_quantization_all_zero_scale_one(device):
 
     k = torch.zeros(40, 2, 192, dtype=torch.bfloat16, device=device)
     v = torch.zeros(40, 2, 128, dtype=torch.bfloat16, device=device)
-    amax = tq.amax_qkv(k, k, v)
-    assert amax.tolist() == [0.0, 0.0, 0.0]
-    k8, vt8 = tq.cast_kv(k, v, amax, torch.float8_e4m3fn)
+    ck = cu_seqlens([40], device)
+    k8, vt8, scales = tq.quantize_kv(k, v, ck, 1, 40, torch.float8_e4m3fn)
+    assert (scales[:, :, 0] == 1).all()
     assert (k8.float() == 0).all() and (vt8[:, :40].float() == 0).all()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_fp8_bad_values_stay_in_their_sequence(split, device):
+    """inf, NaN and 1e30 in one sequence: every other sequence equals its result alone."""
+    lens_q, lens_k, heads = [300, 520, 200], [700, 520, 333], 4
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, device=device)
+    q0, k0 = lens_q[0], lens_k[0]
+    q[q0 + 100, 1, 3] = float("inf")
+    k[k0 + 10, 0, 100] = float("nan")
+    v[k0 + 300, 2, 7] = 1e30
+    workers = heads * 7 if split else None
+
+    def run(q, k, v, cq, ck):
+        plan = None
+        if workers:
+            plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, tile_q=128, kv_granularity=128,
+                                            num_workers=workers)
+        return run_triton(q, k, v, cq, ck, causal=True, fp8=True, plan=plan)
+
+    out, lse = run(q, k, v, cq, ck)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    for b in (0, 2):
+        qs, ks = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1])
+        alone, alone_lse = run(q[qs], k[ks], v[ks], cu_seqlens([lens_q[b]], device),
+                               cu_seqlens([lens_k[b]], device))
+        assert torch.isfinite(out[qs].float()).all()
+        if split:  # the batch splits its tiles differently from the sequence alone, and P's fp8
+            # rounding follows each piece's running max: close, not equal
+            assert rel_err(out[qs], alone.double()) < 3e-2, b
+            assert torch.allclose(lse[qs], alone_lse, rtol=0, atol=1e-3), b
+        else:
+            assert torch.equal(out[qs], alone), b
+            assert torch.equal(lse[qs], alone_lse), b
+    s1 = slice(cqh[1], cqh[2])
+    assert torch.isfinite(out[s1, 3].float()).all(), "head 3 of sequence 1 holds no bad value"
 
 
 def _random_partials(device, heads=8, dv=128, tile_q=64, seed=0):

@@ -1,8 +1,9 @@
 """The Triton kernels' logic on the CPU, through Triton's interpreter (TRITON_INTERPRET=1).
 
 Runs in CI, where no GPU exists: work items, causal bottom-right masks, splits, the lse of
-every row, the reduce. fp16 only: the interpreter mishandles bf16 loads and fp8 rounding
-(numpy has no such types), so fp8 numerics and speed are covered by tests/gpu on the H200.
+every row, the reduce, and the fp8 path's block-scaling logic with fp16 storage. fp16
+only: the interpreter mishandles bf16 loads and fp8 rounding (numpy has no such types),
+so fp8 numerics and speed are covered by tests/gpu on the H200.
 """
 
 from __future__ import annotations
@@ -53,13 +54,32 @@ def test_prefill_matches_float64(case, causal, workers):
     assert relative_error(lse[finite], ref_lse[finite]) <= 1e-3
 
 
-def test_aligned_key_blocks_path(monkeypatch):
-    """The path that starts key blocks at the 16-aligned row below an unaligned item start."""
-    monkeypatch.setattr(triton_kernel, "_FORCE_ALIGN", True)
-    q, k, v, cq, ck = random_batch([37, 90], [51, 203], 2, dtype=torch.float16)
-    plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, tile_q=128, kv_granularity=64, num_workers=6)
-    out = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=False, plan=plan, kernel="triton")
-    assert relative_error(out, reference_attention(q, k, v, cq, ck)[0]) <= BF16_TOL
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fp8_path_matches_float64(case, causal, monkeypatch):
+    """The fp8 path (block scales, in-kernel q cast, per-block k/v scales, transposed v with
+    16-aligned sequence columns), its values stored in fp16: the interpreter has no fp8."""
+    monkeypatch.setattr(triton_kernel, "_FP8_STORAGE", torch.float16)
+    lens_q, lens_k = CASES[case]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, 2, dtype=torch.float16, scale=4.0)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=causal, tile_q=128,
+                                    kv_granularity=64, num_workers=5)
+    out = poisoned((q.shape[0], 2, 128), torch.float16)
+    _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, causal=causal, fp8=True, out=out,
+                                     return_lse=True, plan=plan, kernel="triton")
+    ref_out, ref_lse = reference_attention(q, k, v, cq, ck, causal=causal)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert relative_error(out, ref_out) <= BF16_TOL
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert relative_error(lse[finite], ref_lse[finite]) <= 1e-3
+
+
+def test_fp8_plan_must_align_with_scale_blocks():
+    q, k, v, cq, ck = random_batch([100], [100], 2, dtype=torch.float16)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, tile_q=96, kv_granularity=64)
+    with pytest.raises(ValueError, match="multiples of 64"):
+        mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, plan=plan, kernel="triton")
 
 
 def test_reduce_matches_torch_reduce():

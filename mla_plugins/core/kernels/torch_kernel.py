@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..fp8 import dequantize_fp8, quantize_fp8
+from ..fp8 import block_dequantize, block_quantize
 from ..reduce import torch_reduce
 from .base import Kernel, PrefillInputs, ReduceInputs
 
@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     from ..plan import PrefillPlan
 
 
-def _compute_operand(x: torch.Tensor, inputs: PrefillInputs) -> torch.Tensor:
+def _compute_operand(x: torch.Tensor, inputs: PrefillInputs, cu_seqlens) -> torch.Tensor:
+    """float32 operand; in fp8, quantized and dequantized by core/fp8.py's block rule (one
+    scale per 64-row block of each sequence and head), as the Triton kernel computes."""
     if inputs.fp8:
-        return dequantize_fp8(*quantize_fp8(x, inputs.fp8_dtype))
+        return block_dequantize(*block_quantize(x, cu_seqlens, inputs.fp8_dtype))
     return x.float()
 
 
@@ -66,9 +68,10 @@ class TorchKernel(Kernel):
         partial_out: torch.Tensor,
         partial_lse: torch.Tensor,
     ) -> None:
-        q = _compute_operand(inputs.q, inputs)
-        k = _compute_operand(inputs.k, inputs)
-        v = _compute_operand(inputs.v, inputs)
+        cq, ck = plan.cu_seqlens_host
+        q = _compute_operand(inputs.q, inputs, cq)
+        k = _compute_operand(inputs.k, inputs, ck)
+        v = _compute_operand(inputs.v, inputs, ck)
         device = q.device
         for _, loc, q0, q1, kv0, kv1, kv_offset, heads in plan.work_info_cpu.tolist():
             h0, h1 = heads & 0xFFFF, heads >> 16

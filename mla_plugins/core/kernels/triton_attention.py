@@ -52,7 +52,15 @@ def arch_config(arch: str, fp8: bool) -> tuple[int, int, int, int]:
     return ARCH_CONFIGS.get(arch, ARCH_CONFIGS["cuda"])[fp8]
 
 if triton is not None:
-    from .triton_quant import DV_C, NOPE_C, ROPE_C, fp8_scale_from_amax
+    from .triton_quant import (
+        DV_C,
+        NOPE_C,
+        ROPE_C,
+        SCALE_BLOCK_C,
+        max_nan,
+        nan_aware_amax,
+        scale_from_amax,
+    )
 
     LN2_C = tl.constexpr(LN2)
 
@@ -107,67 +115,85 @@ if triton is not None:
 
     @triton.jit
     def _attend_blocks(
-        acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
-        lo, n_blocks, head_start, n_head, offs_m, head, kv_start, kv_end, kv_offset, qk_scale,
+        acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, SBase, ss_w, vshift,
+        lo, n_blocks, offs_m, head, kv_start, kv_end, kv_offset, qk_scale,
         sk_t, sk_h, sv_t, sv_h, vt_stride,
         causal, MASKED: tl.constexpr, FP8: tl.constexpr, P_SHIFT: tl.constexpr,
         BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
-        ALIGN: tl.constexpr,
     ):
         """Online softmax over `n_blocks` key blocks starting at row `lo`.
 
         MASKED: keys at or past `kv_end` and, when causal, past each row's diagonal are
-        masked; with ALIGN the first `n_head` (0 or 1) blocks start at `head_start` instead
-        (the 16-aligned block holding an unaligned `kv_start`) and keys before `kv_start`
-        are masked too.
+        masked. fp8: each block's k scale multiplies its scores; acc is kept in units of the
+        last block's v scale `c_v` (the rescale rides on alpha), so a block's v scale costs
+        one multiply per row, not a second accumulator. `SBase` points at the k scale of
+        the item's first 64-key block (its v scale `ss_w` further); the next block's scales
+        are 4 entries on (a scale row has one entry per 16 columns). `vshift` moves a key
+        row to its column of the transposed fp8 v (triton_quant).
         """
         p_ty = q_nope.dtype
         for i in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
-            if MASKED and ALIGN:
-                start = tl.where(i < n_head, head_start, lo + (i - n_head) * BLOCK_N)
+            start = lo + i * BLOCK_N
+            if FP8:
+                sptr = SBase + ((start - kv_start) // SCALE_BLOCK_C) * (SCALE_BLOCK_C // 16)
+                s_k = tl.load(sptr)
+                s_v = tl.load(sptr + ss_w)
+                blk_scale = qk_scale * s_k
+                vcol = start + vshift
             else:
-                start = lo + i * BLOCK_N
+                s_v = 1.0
+                blk_scale = qk_scale
+                vcol = start
             kn, kr = _load_k(K, Kr, start, head, sk_t, sk_h, kv_end, MASKED, BLOCK_N, USE_TMA)
             s = tl.dot(q_nope, tl.trans(kn))
             s = tl.dot(q_rope, tl.trans(kr), s)
             if MASKED:
                 cols = start + tl.arange(0, BLOCK_N)
                 visible = cols[None, :] < kv_end
-                if ALIGN:
-                    visible = visible & (cols[None, :] >= kv_start)
                 visible = visible & ((cols[None, :] <= offs_m[:, None] + kv_offset) | (causal == 0))
-                s = tl.where(visible, s * qk_scale, float("-inf"))
+                s = tl.where(visible, s * blk_scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 # rows with nothing visible yet keep m = -inf; exponentiate against 0 instead
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
                 p = tl.math.exp2(s - (m_use - P_SHIFT)[:, None])
             else:
-                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                m_new = tl.maximum(m_i, tl.max(s, 1) * blk_scale)
                 m_use = m_new
-                p = tl.math.exp2(s * qk_scale - (m_use - P_SHIFT)[:, None])
+                p = tl.math.exp2(s * blk_scale - (m_use - P_SHIFT)[:, None])
             alpha = tl.math.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            v = _load_v(V, start, head, sv_t, sv_h, vt_stride, kv_end, MASKED, BLOCK_N, FP8, V_TMA)
+            if FP8:
+                acc = acc * (alpha * (c_v / s_v))[:, None]
+                c_v = s_v
+            else:
+                acc = acc * alpha[:, None]
+            v = _load_v(V, vcol, head, sv_t, sv_h, vt_stride, kv_end + (vcol - start), MASKED,
+                        BLOCK_N, FP8, V_TMA)
             acc = tl.dot(p.to(p_ty), v, acc)
             m_i = m_new
-        return acc, l_i, m_i
+        return acc, l_i, m_i, c_v
 
     @triton.jit(do_not_specialize=["sl_t", "sl_h", "spl_t", "spl_h", "num_sub", "causal", "has_lse"])
     def mla_prefill_kernel(
-        Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Amax,
-        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride,
+        Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Scales,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w,
         so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_sub, causal, has_lse,
         FP8: tl.constexpr, FP8_MAX: tl.constexpr, KV_DTYPE: tl.constexpr, P_SHIFT: tl.constexpr,
-        USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr, ALIGN: tl.constexpr,
+        USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        """Grid: (num_items * num_sub, heads per cluster)."""
+        """Grid: (num_items * num_sub, heads per cluster).
+
+        fp8: BLOCK_M is the 64-row query block of core/fp8.py and the host guarantees that
+        tiles start at multiples of it from the sequence start; key blocks step from
+        `kv_start` (a multiple of 64 keys from the sequence start) by BLOCK_N <= 64.
+        """
         pid = tl.program_id(0)
         item = pid // num_sub
         sub = pid % num_sub
         wi = WorkInfo + item * 8
+        batch = tl.load(wi)
         loc = tl.load(wi + 1)
         qo_start = tl.load(wi + 2)
         qo_end = tl.load(wi + 3)
@@ -184,22 +210,32 @@ if triton is not None:
             q_nope = tl.load(q_ptr + tl.arange(0, NOPE_C)[None, :], mask=row_ok[:, None], other=0.0)
             q_rope = tl.load(q_ptr + NOPE_C + tl.arange(0, ROPE_C)[None, :], mask=row_ok[:, None], other=0.0)
             if FP8:
-                s_q = fp8_scale_from_amax(tl.load(Amax), FP8_MAX)
-                s_k = fp8_scale_from_amax(tl.load(Amax + 1), FP8_MAX)
-                s_v = fp8_scale_from_amax(tl.load(Amax + 2), FP8_MAX)
+                # the amax in the input dtype (exact: a max of bf16/fp16 values is one of them)
+                s_q = scale_from_amax(max_nan(nan_aware_amax(q_nope), nan_aware_amax(q_rope)).to(tl.float32),
+                                      FP8_MAX)
+                qn = q_nope.to(tl.float32)
+                qr = q_rope.to(tl.float32)
                 # x * (1 / scale): may differ from x / scale in the last bit before rounding to
                 # fp8 (a tie flips in rare cases); a division per element costs ~10 instructions
                 inv_q = 1.0 / s_q
-                q_nope = tl.clamp(q_nope.to(tl.float32) * inv_q, -FP8_MAX, FP8_MAX).to(KV_DTYPE)
-                q_rope = tl.clamp(q_rope.to(tl.float32) * inv_q, -FP8_MAX, FP8_MAX).to(KV_DTYPE)
-                scale = qk_scale * s_q * s_k
+                qn = qn * inv_q
+                qr = qr * inv_q
+                q_nope = tl.clamp(tl.where(qn != qn, 0.0, qn), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
+                q_rope = tl.clamp(tl.where(qr != qr, 0.0, qr), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
+                scale = qk_scale * s_q
             else:
-                s_v = 1.0
                 scale = qk_scale
 
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, DV_C], dtype=tl.float32)
+            c_v = 1.0
+            if FP8:
+                vshift = 16 * batch - kv_start % 16
+                sbase = Scales + head * (vt_stride // 16) + (kv_start + vshift) // 16
+            else:
+                vshift = 0
+                sbase = Scales
 
             # keys every row of the slice sees: up to the diagonal of its first row
             if causal != 0:
@@ -209,36 +245,24 @@ if triton is not None:
             else:
                 full_end = kv_end
                 hi = kv_end
-            # Key blocks start 16-aligned (an fp8 TMA load of the transposed v faults on the
-            # H200 when its token coordinate is not): an unaligned kv_start gets one masked
-            # "head" block at the aligned row below it, then full blocks, then masked ones.
-            # (ALIGN is set by the host only when some item starts unaligned: it costs registers)
-            if ALIGN:
-                head_start = kv_start - kv_start % 16
-                n_head = ((head_start < kv_start) & (hi > kv_start)).to(tl.int32)
-                base = head_start + n_head * BLOCK_N
-            else:
-                head_start = kv_start
-                n_head = 0
-                base = kv_start
-            n_full = tl.maximum(full_end - base, 0) // BLOCK_N
-            acc, l_i, m_i = _attend_blocks(
-                acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
-                base, n_full, base, 0, offs_m, head, kv_start, kv_end, kv_offset, scale,
+            n_full = tl.maximum(full_end - kv_start, 0) // BLOCK_N
+            acc, l_i, m_i, c_v = _attend_blocks(
+                acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, sbase, ss_w, vshift,
+                kv_start, n_full, offs_m, head, kv_start, kv_end, kv_offset, scale,
                 sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC, ALIGN,
+                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC,
             )
-            lo = base + n_full * BLOCK_N
-            n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N) + n_head
-            acc, l_i, m_i = _attend_blocks(
-                acc, l_i, m_i, q_nope, q_rope, K, Kr, V,
-                lo, n_masked, head_start, n_head, offs_m, head, kv_start, kv_end, kv_offset,
-                scale, sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False, ALIGN,
+            lo = kv_start + n_full * BLOCK_N
+            n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+            acc, l_i, m_i, c_v = _attend_blocks(
+                acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, sbase, ss_w, vshift,
+                lo, n_masked, offs_m, head, kv_start, kv_end, kv_offset, scale,
+                sk_t, sk_h, sv_t, sv_h, vt_stride,
+                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False,
             )
 
             seen = l_i > 0
-            inv = tl.where(seen, s_v / tl.where(seen, l_i, 1.0), 0.0)
+            inv = tl.where(seen, c_v / tl.where(seen, l_i, 1.0), 0.0)
             o = acc * inv[:, None]
             lse = tl.where(seen, (m_i - P_SHIFT + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2_C, float("-inf"))
             offs_m64 = offs_m.to(tl.int64)

@@ -45,8 +45,9 @@ INTERPRETER_BF16 = (
     "be wrong); use float16 there, or another kernel"
 )
 
-#: tests set this to run the aligned-blocks path where it is not needed (the interpreter)
-_FORCE_ALIGN = False
+#: tests set this (torch.float16) to run the fp8 path under Triton's interpreter, which has
+#: no fp8 types: the same block scales and clamps, values stored in fp16
+_FP8_STORAGE: torch.dtype | None = None
 
 
 def _interpreting() -> bool:
@@ -89,7 +90,8 @@ def default_config(device: torch.device, fp8: bool) -> TileConfig:
 def _tl_fp8(fp8_dtype: torch.dtype):
     import triton.language as tl
 
-    return {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}[fp8_dtype]
+    return {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8,
+            torch.float16: tl.float16}[fp8_dtype]
 
 
 def _can_tma(device: torch.device) -> bool:
@@ -117,8 +119,9 @@ def run_prefill(
 ) -> None:
     """Phase 1 (with the fp8 quantization first when `inputs.fp8`).
 
-    `quantized` = (amax [3], k8, vt8) skips the quantization (benchmarks time the
-    attention alone with it); `config` overrides the default tile configuration.
+    `quantized` = (k8, vt8, scales) from `triton_quant.quantize_kv` skips the quantization
+    (benchmarks time the attention alone with it); `config` overrides the default tile
+    configuration.
     """
     from . import triton_attention as ta
     from . import triton_quant as tq
@@ -132,29 +135,30 @@ def run_prefill(
     use_tma = config.use_tma and _can_tma(device)
     heads = inputs.num_heads
     if inputs.fp8:
-        if quantized is None:
-            amax = tq.amax_qkv(q, k, v)
-            k8, vt8 = tq.cast_kv(k, v, amax, inputs.fp8_dtype)
-        else:
-            amax, k8, vt8 = quantized
-        k_src, v_src = k8, vt8
+        check_fp8_plan(plan, config)
+        cq_host, ck_host = plan.cu_seqlens_host
+        batch = len(ck_host) - 1
         fp8_max = float(torch.finfo(inputs.fp8_dtype).max)
-        kv_dtype = _tl_fp8(inputs.fp8_dtype)
+        storage = inputs.fp8_dtype
+        if _FP8_STORAGE is not None and _interpreting():
+            storage = _FP8_STORAGE  # the interpreter has no fp8: same logic, fp16 storage
+        if quantized is None:
+            cu_k = inputs.cu_seqlens_k
+            k8, vt8, scales = tq.quantize_kv(k, v, cu_k, batch, plan.max_seqlen_k, storage, fp8_max)
+        else:
+            k8, vt8, scales = quantized
+        k_src, v_src = k8, vt8
+        kv_dtype = _tl_fp8(storage)
         p_shift = 8.0
+        vt_cols = tq.vt_columns(k.shape[0], batch)
     else:
-        amax = torch.empty(0, device=device)
+        scales = torch.empty(0, device=device)
         k_src, v_src = k, v
         fp8_max, kv_dtype, p_shift = 448.0, None, 0.0
     if use_tma and not inputs.fp8 and not (_tma_ok(k, tq.NOPE + tq.ROPE) and _tma_ok(v, tq.DV)):
         use_tma = False
     if inputs.k.shape[0] == 0:
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
-
-    # fp8 TMA loads of the transposed v fault unless their token coordinate is 16-aligned
-    # (_load_v): when some item starts unaligned, the kernel aligns its key blocks (ALIGN)
-    v_tma = use_tma
-    starts = plan.work_info_cpu[:, 4]
-    align = bool(inputs.fp8 and v_tma and (starts % 16 != 0).any()) or _FORCE_ALIGN
 
     bn = config.block_n
     if use_tma:
@@ -164,11 +168,12 @@ def run_prefill(
         kd = TensorDescriptor(k_src, [total_k, heads * 192], [k_src.stride(0), 1], [bn, tq.NOPE])
         krd = TensorDescriptor(k_src, [total_k, heads * 192], [k_src.stride(0), 1], [bn, tq.ROPE])
         if inputs.fp8:
-            # the shape stops at total_k: columns of the padding read as zeros, never as garbage
-            vd = TensorDescriptor(v_src, [heads * tq.DV, total_k], [v_src.stride(0), 1], [tq.DV, bn])
+            # every sequence starts at a 16-aligned column (triton_quant.vt_column); the shape
+            # stops at the last written column: what lies past it reads as zeros
+            vd = TensorDescriptor(v_src, [heads * tq.DV, vt_cols], [v_src.stride(0), 1], [tq.DV, bn])
         else:
             vd = TensorDescriptor(v_src, [total_k, heads * tq.DV], [v_src.stride(0), 1], [bn, tq.DV])
-        k_arg, kr_arg, v_arg = kd, krd, (vd if v_tma else v_src)
+        k_arg, kr_arg, v_arg = kd, krd, vd
     else:
         k_arg, kr_arg, v_arg = k_src, k_src, v_src
 
@@ -177,21 +182,40 @@ def run_prefill(
     grid = (plan.num_items * num_sub, heads_per_cluster)
     lse_arg = lse if lse is not None else partial_lse
     vt_stride = v_src.stride(0) if inputs.fp8 else 0
+    ss_w = scales.stride(0) if inputs.fp8 else 0
     if inputs.fp8:
         sv_t, sv_h = 0, 0
     else:
         sv_t, sv_h = v.stride(0), v.stride(1)
     ta.mla_prefill_kernel[grid](
-        q, k_arg, kr_arg, v_arg, out, lse_arg, partial_out, partial_lse, plan.work_info, amax,
-        q.stride(0), q.stride(1), k_src.stride(0), k_src.stride(1), sv_t, sv_h, vt_stride,
+        q, k_arg, kr_arg, v_arg, out, lse_arg, partial_out, partial_lse, plan.work_info, scales,
+        q.stride(0), q.stride(1), k_src.stride(0), k_src.stride(1), sv_t, sv_h, vt_stride, ss_w,
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_sub, int(plan.causal), int(lse is not None),
         FP8=inputs.fp8, FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift,
-        USE_TMA=use_tma, V_TMA=v_tma, WARP_SPEC=config.warp_spec, ALIGN=align,
+        USE_TMA=use_tma, V_TMA=use_tma, WARP_SPEC=config.warp_spec,
         BLOCK_M=config.block_m, BLOCK_N=bn,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+
+
+def check_fp8_plan(plan: PrefillPlan, config: TileConfig) -> None:
+    """fp8 applies one scale per 64-row query block and per 64-key block (core/fp8.py): the
+    plan's tiles and key splits, and the kernel's blocks, must line up with them."""
+    from ..fp8 import BLOCK
+
+    if plan.tile_q % BLOCK or plan.kv_granularity % BLOCK:
+        raise ValueError(
+            f"plan: tile_q={plan.tile_q}, kv_granularity={plan.kv_granularity} found; the triton "
+            f"kernel's fp8 block scaling needs both multiples of {BLOCK}: plan with the kernel's "
+            "own parameters (kernel='triton') or pass such values to plan_prefill"
+        )
+    if config.block_m != BLOCK or BLOCK % config.block_n:
+        raise ValueError(
+            f"config: block_m={config.block_m}, block_n={config.block_n} found; fp8 needs "
+            f"block_m == {BLOCK} and block_n dividing {BLOCK}"
+        )
 
 
 def split_workers(

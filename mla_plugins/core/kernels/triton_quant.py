@@ -1,14 +1,24 @@
-"""Fused dynamic per-tensor FP8 quantization for the Triton kernel (`core/fp8.py`'s rule).
+"""Block-scaled FP8 quantization of k and v in one pass (`core/fp8.py`'s block rule).
 
-Two passes over memory, the fewest a dynamic per-tensor scale allows: one launch reads
-q, k and v once and leaves their three amax values in a float32 [3] buffer; a second
-launch reads k and v again and writes them in fp8, k as `[total_k, H, 192]` and v
-transposed to `[H * 128, total_k_pad]` (fp8 tensor-core products on Hopper read their
-second operand K-major, so P @ V wants V with tokens contiguous). q is cast inside the
-attention kernel, where each query tile is loaded once anyway, so q is never written.
+One program per (64-key block of a sequence, sequence, head) takes the NaN-aware amax of
+its bf16 k [64, 192] and v [64, 128] and writes the fp8 values and the two scales: one
+read of bf16 from device memory (the cast sweep re-reads the block from L2), one write
+of fp8, no separate amax pass over the tensors. q is quantized inside
+the attention kernel (one scale per 64-row query block and head, from the tile it loads
+anyway), so q is never written.
 
-Scales are never copied to the host: every consumer reads the amax buffer and applies
-`scale = amax / fp8_max` (1 when amax is 0), then `x_fp8 = (x / scale)` rounded to nearest.
+Layouts written:
+- k8 [T, H, 192]: the rows of k;
+- vt8 [H * 128, T_pad], v transposed (fp8 tensor-core products on Hopper read their second
+  operand K-major, so P @ V wants tokens contiguous). Token t of sequence b sits in column
+  `t - ck[b] % 16 + 16 * b` (`vt_column`): every sequence starts 16-aligned, which TMA
+  loads of fp8 need on the H200 (an unaligned start faults), and every 64-key block
+  starts 16-aligned too. The columns between sequences are written as zeros;
+- scales [2, H, T_pad / 16] float32 (k, then v): the scale of head h's block whose first
+  column is c sits at [., h, c / 16].
+
+Stored fp8 values are always finite (NaN -> 0, see core/fp8.py): a masked read of a
+neighbour's values multiplies zeros; a block's NaN/inf travels in its scale.
 
 This module imports triton when it is imported; the provider imports it lazily.
 """
@@ -25,168 +35,166 @@ except ImportError:  # pragma: no cover - the provider reports "triton is not in
 
 #: nope + rope widths of the query/key head and the value head width this kernel handles
 NOPE, ROPE, DV = 128, 64, 128
+#: rows per scale block (core/fp8.py's BLOCK)
+SCALE_BLOCK = 64
+#: warps every quantization kernel launches with
+NUM_WARPS = 8
+#: rows per slice of a 64-row block in the quantization kernel
+CHUNK = 16
 
 if triton is not None:
 
     NOPE_C = tl.constexpr(NOPE)
     ROPE_C = tl.constexpr(ROPE)
     DV_C = tl.constexpr(DV)
+    SCALE_BLOCK_C = tl.constexpr(SCALE_BLOCK)
 
     @triton.jit
-    def fp8_scale_from_amax(amax, FP8_MAX: tl.constexpr):
-        """scale = amax / fp8 max, or 1 when the tensor is all zeros (core/fp8.py)."""
-        return tl.where(amax > 0, amax / FP8_MAX, 1.0)
+    def nan_aware_amax(x):
+        """max |x| over a 2D tile; NaN if any element is NaN (max alone would drop it)."""
+        nans = tl.sum(tl.sum((x != x).to(tl.int32), 1), 0)
+        amax = tl.max(tl.max(tl.abs(x), 1), 0)
+        return tl.where(nans > 0, float("nan"), amax)
 
     @triton.jit
-    def _amax_kernel(
-        Q, K, V, Amax,
-        rows_q, rows_k, heads,
-        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
-        BLOCK_R: tl.constexpr,
+    def max_nan(a, b):
+        return tl.where((a != a) | (b != b), float("nan"), tl.maximum(a, b))
+
+    @triton.jit
+    def scale_from_amax(amax, FP8_MAX: tl.constexpr):
+        """amax / fp8 max; 1 for an all-zero block; NaN and inf stay (core/fp8.py)."""
+        # IEEE division (Triton's `/` on fp32 is approximate on CUDA): the same scale bits
+        # as torch's amax / fp8_max
+        return tl.where(amax == 0, 1.0, tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)))
+
+    @triton.jit
+    def to_fp8(x, scale, FP8_MAX: tl.constexpr, out_ty: tl.constexpr):
+        y = tl.math.div_rn(x, scale)
+        y = tl.where(y != y, 0.0, y)
+        return tl.clamp(y, -FP8_MAX, FP8_MAX).to(out_ty)
+
+    @triton.jit
+    def _quant_kv_kernel(
+        K, V, K8, VT8, Scales, CuK,
+        sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w,
+        FP8_MAX: tl.constexpr, CHUNK: tl.constexpr,
     ):
-        """Amax[i] = max |x| of q (i=0), k (1), v (2); rows are (token, head) pairs."""
-        which = tl.program_id(1)
-        nprog = tl.num_programs(0)
-        # q/k rows are 192 wide (128 + 64), v rows 128: the rope load is masked off for v.
-        if which == 0:
-            X = Q
-            rows = rows_q
-            s_t = sq_t
-            s_h = sq_h
-        elif which == 1:
-            X = K
-            rows = rows_k
-            s_t = sk_t
-            s_h = sk_h
-        else:
-            X = V
-            rows = rows_k
-            s_t = sv_t
-            s_h = sv_h
-        has_rope = which < 2
-        c_nope = tl.arange(0, NOPE_C)
-        c_rope = tl.arange(0, ROPE_C)
-        acc_a = tl.zeros([BLOCK_R, NOPE_C], dtype=tl.float32)
-        acc_b = tl.zeros([BLOCK_R, ROPE_C], dtype=tl.float32)
-        num_blocks = tl.cdiv(rows, BLOCK_R)
-        for blk in range(tl.program_id(0), num_blocks, nprog):
-            r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
-            ok = r < rows
-            off = (r // heads).to(tl.int64) * s_t + (r % heads).to(tl.int64) * s_h
-            a = tl.load(X + off[:, None] + c_nope[None, :], mask=ok[:, None], other=0.0)
-            acc_a = tl.maximum(acc_a, tl.abs(a.to(tl.float32)))
-            b = tl.load(X + off[:, None] + NOPE_C + c_rope[None, :], mask=ok[:, None] & has_rope, other=0.0)
-            acc_b = tl.maximum(acc_b, tl.abs(b.to(tl.float32)))
-        amax = tl.maximum(tl.max(tl.max(acc_a, 1), 0), tl.max(tl.max(acc_b, 1), 0))
-        tl.atomic_max(Amax + which, amax)
-
-    @triton.jit
-    def _cast_kv_kernel(
-        K, V, K8, VT8, Amax,
-        total_k, heads,
-        sk_t, sk_h, sv_t, sv_h, vt_stride,
-        FP8_MAX: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_T: tl.constexpr,
-    ):
-        """K8[t, h, :] = k / scale_k (contiguous); VT8[h * DV_C + d, t] = v[t, h, d] / scale_v."""
-        which = tl.program_id(1)
-        nprog = tl.num_programs(0)
-        out_ty = K8.dtype.element_ty
-        if which == 0:
-            scale = fp8_scale_from_amax(tl.load(Amax + 1), FP8_MAX)
-            rows = total_k * heads
+        """Grid (key blocks of the longest sequence, sequences, heads)."""
+        j = tl.program_id(0)
+        b = tl.program_id(1)
+        h = tl.program_id(2)
+        heads = tl.num_programs(2)
+        k0 = tl.load(CuK + b)
+        k1 = tl.load(CuK + b + 1)
+        r0 = k0 + j * SCALE_BLOCK_C
+        if (r0 < k1) | ((j == 0) & (k0 == k1)):
+            # two sweeps over the block in CHUNK-row slices: the amax, then the cast. The
+            # second reads what the first just brought into L2 (device memory is read once)
+            # and the slices keep the registers low enough not to spill.
+            out_ty = K8.dtype.element_ty
             c_nope = tl.arange(0, NOPE_C)
             c_rope = tl.arange(0, ROPE_C)
-            for blk in range(tl.program_id(0), tl.cdiv(rows, BLOCK_R), nprog):
-                r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
-                ok = r < rows
-                src = K + ((r // heads).to(tl.int64) * sk_t + (r % heads).to(tl.int64) * sk_h)[:, None]
-                dst = K8 + (r.to(tl.int64) * (NOPE_C + ROPE_C))[:, None]
-                a = tl.load(src + c_nope[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-                a = tl.clamp(tl.math.div_rn(a, scale), -FP8_MAX, FP8_MAX)
-                tl.store(dst + c_nope[None, :], a.to(out_ty), mask=ok[:, None])
-                b = tl.load(src + NOPE_C + c_rope[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-                b = tl.clamp(tl.math.div_rn(b, scale), -FP8_MAX, FP8_MAX)
-                tl.store(dst + NOPE_C + c_rope[None, :], b.to(out_ty), mask=ok[:, None])
-        else:
-            scale = fp8_scale_from_amax(tl.load(Amax + 2), FP8_MAX)
-            c = tl.arange(0, DV_C)
-            t_blocks = tl.cdiv(total_k, BLOCK_T)
-            for tile in range(tl.program_id(0), t_blocks * heads, nprog):
-                h = tile % heads
-                t = (tile // heads) * BLOCK_T + tl.arange(0, BLOCK_T)
-                ok = t < total_k
-                x = tl.load(
-                    V + t.to(tl.int64)[:, None] * sv_t + h.to(tl.int64) * sv_h + c[None, :],
-                    mask=ok[:, None], other=0.0,
-                ).to(tl.float32)
-                x = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX, FP8_MAX)
-                # tokens are the contiguous dim of VT8: the compiler transposes through shared memory
-                dst = VT8 + (h * DV_C + c).to(tl.int64)[None, :] * vt_stride + t[:, None]
-                tl.store(dst, x.to(out_ty), mask=ok[:, None])
+            c_v = tl.arange(0, DV_C)
+            kbase = K + h.to(tl.int64) * sk_h
+            vbase = V + h.to(tl.int64) * sv_h
+            amax_k = 0.0
+            amax_v = 0.0
+            for c in range(0, SCALE_BLOCK_C, CHUNK):
+                rows = r0 + c + tl.arange(0, CHUNK)
+                ok = (rows < k1)[:, None]
+                src = kbase + rows.to(tl.int64)[:, None] * sk_t
+                kn = tl.load(src + c_nope[None, :], mask=ok, other=0.0).to(tl.float32)
+                kr = tl.load(src + NOPE_C + c_rope[None, :], mask=ok, other=0.0).to(tl.float32)
+                amax_k = max_nan(amax_k, max_nan(nan_aware_amax(kn), nan_aware_amax(kr)))
+                x = tl.load(vbase + rows.to(tl.int64)[:, None] * sv_t + c_v[None, :], mask=ok,
+                            other=0.0).to(tl.float32)
+                amax_v = max_nan(amax_v, nan_aware_amax(x))
+            s_k = scale_from_amax(amax_k, FP8_MAX)
+            s_v = scale_from_amax(amax_v, FP8_MAX)
+            shift = 16 * b - k0 % 16
+            # scalar 64-bit base, 32-bit offsets (128 * T_pad < 2^31): fewer address registers
+            vbase8 = VT8 + (h * DV_C).to(tl.int64) * vt_stride + (r0 + shift)
+            vrow = c_v[None, :] * vt_stride - r0
+            for c in range(0, SCALE_BLOCK_C, CHUNK):
+                rows = r0 + c + tl.arange(0, CHUNK)
+                ok = (rows < k1)[:, None]
+                src = kbase + rows.to(tl.int64)[:, None] * sk_t
+                dst = K8 + (rows.to(tl.int64) * heads + h)[:, None] * (NOPE_C + ROPE_C)
+                kn = tl.load(src + c_nope[None, :], mask=ok, other=0.0).to(tl.float32)
+                tl.store(dst + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty), mask=ok)
+                kr = tl.load(src + NOPE_C + c_rope[None, :], mask=ok, other=0.0).to(tl.float32)
+                tl.store(dst + NOPE_C + c_rope[None, :], to_fp8(kr, s_k, FP8_MAX, out_ty), mask=ok)
+            # v in one 64-row tile: its transposed store then writes 64 contiguous bytes per row
+            rows = r0 + tl.arange(0, SCALE_BLOCK_C)
+            ok = (rows < k1)[:, None]
+            x = tl.load(vbase + rows.to(tl.int64)[:, None] * sv_t + c_v[None, :], mask=ok,
+                        other=0.0).to(tl.float32)
+            tl.store(vbase8 + vrow + rows[:, None], to_fp8(x, s_v, FP8_MAX, out_ty), mask=ok)
+            if r0 + SCALE_BLOCK_C >= k1:
+                # zeros from the sequence's end to the next one's first column (< 32 of them):
+                # a tile of a sequence's last keys reads there, masked, and must see zeros
+                gap = k1 + shift + tl.arange(0, 32)
+                next_start = k1 - k1 % 16 + 16 * (b + 1)
+                zeros = tl.zeros([32, DV_C], dtype=tl.float32).to(out_ty)
+                tl.store(vbase8 + vrow + (gap - shift)[:, None], zeros, mask=(gap < next_start)[:, None])
+            if r0 < k1:
+                sidx = (r0 + shift) // 16
+                tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
+                tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
 
-
-#: warps every quantization kernel launches with
-NUM_WARPS = 4
 
 #: (kernel, pointer argument types, constexprs) of every launch below, for tests/compile
 #: ("FP8" stands for the arch's fp8 type, "FP8_MAX" for its largest finite value)
 COMPILE_SPECS = [
-    ("_amax_kernel", {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Amax": "*fp32"}, {"BLOCK_R": 32}),
-    ("_cast_kv_kernel", {"K": "*bf16", "V": "*bf16", "K8": "*FP8", "VT8": "*FP8", "Amax": "*fp32"},
-     {"FP8_MAX": "FP8_MAX", "BLOCK_R": 32, "BLOCK_T": 64}),
+    ("_quant_kv_kernel", {"K": "*bf16", "V": "*bf16", "K8": "*FP8", "VT8": "*FP8", "Scales": "*fp32",
+                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "CHUNK": CHUNK}),
 ]
 
 
-def _grid_programs(work_blocks: int, device: torch.device) -> int:
-    if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        sms = 4
-    return max(1, min(work_blocks, sms * 4))
+def vt_columns(total_k: int, batch: int) -> int:
+    """Columns of vt8 that hold data or inter-sequence zeros (a bound on `vt_column` + 1)."""
+    return total_k - total_k % 16 + 16 * batch
 
 
-def amax_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """float32 [3]: amax of |q|, |k|, |v| (q/k: [T, H, 192], v: [T, H, 128], unit last stride)."""
-    amax = torch.zeros(3, dtype=torch.float32, device=q.device)
-    heads = q.shape[1]
-    rows = max(q.shape[0], k.shape[0]) * heads
-    if rows == 0:
-        return amax
-    block_r = 32
-    grid = (_grid_programs(triton.cdiv(rows, block_r), q.device), 3)
-    _amax_kernel[grid](
-        q, k, v, amax,
-        q.shape[0] * heads, k.shape[0] * heads, heads,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        BLOCK_R=block_r, num_warps=4,
-    )
-    return amax
+def vt_padded_len(total_k: int, batch: int) -> int:
+    """Row length of the transposed fp8 V (a multiple of 16 bytes: TMA stride alignment)."""
+    return max(16, vt_columns(total_k, batch) + 16)
 
 
-def vt_padded_len(total_k: int) -> int:
-    """Row length of the transposed fp8 V: tokens padded to 16 bytes (TMA stride alignment)."""
-    return max(16, (total_k + 15) // 16 * 16)
+def quantize_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    batch: int,
+    max_seqlen_k: int,
+    fp8_dtype: torch.dtype,
+    fp8_max: float | None = None,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]).
 
+    `out`: those three buffers to write into (the workspace's), else they are allocated.
 
-def cast_kv(
-    k: torch.Tensor, v: torch.Tensor, amax: torch.Tensor, fp8_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k8 [T, H, 192] contiguous, vt8 [H * 128, T_pad]) in `fp8_dtype`; vt8[:, T:] is never read."""
+    `cu_seqlens_k` int32 on k's device; `batch` and `max_seqlen_k` from the host (the plan),
+    so nothing is read back from the device. `fp8_max` overrides the format's largest
+    value (tests run the fp8 logic with fp16 storage in Triton's interpreter).
+    """
     total_k, heads = k.shape[0], k.shape[1]
-    k8 = torch.empty((total_k, heads, NOPE_C + ROPE_C), dtype=fp8_dtype, device=k.device)
-    t_pad = vt_padded_len(total_k)
-    vt8 = torch.empty((heads * DV_C, t_pad), dtype=fp8_dtype, device=k.device)
-    if total_k == 0:
-        return k8, vt8
-    block_r, block_t = 32, 64
-    blocks = max(triton.cdiv(total_k * heads, block_r), triton.cdiv(total_k, block_t) * heads)
-    grid = (_grid_programs(blocks, k.device), 2)
-    _cast_kv_kernel[grid](
-        k, v, k8, vt8, amax,
-        total_k, heads,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad,
-        FP8_MAX=float(torch.finfo(fp8_dtype).max), BLOCK_R=block_r, BLOCK_T=block_t, num_warps=4,
+    t_pad = vt_padded_len(total_k, batch)
+    if out is not None:
+        k8, vt8, scales = out
+    else:
+        k8 = torch.empty((total_k, heads, NOPE + ROPE), dtype=fp8_dtype, device=k.device)
+        vt8 = torch.empty((heads * DV, t_pad), dtype=fp8_dtype, device=k.device)
+        scales = torch.empty((2, heads, t_pad // 16), dtype=torch.float32, device=k.device)
+    if total_k == 0 or batch == 0:
+        return k8, vt8, scales
+    limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
+    # at least one block per sequence: an empty one still writes its zero columns
+    grid = (max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK)), batch, heads)
+    _quant_kv_kernel[grid](
+        k, v, k8, vt8, scales, cu_seqlens_k,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad, scales.stride(0),
+        FP8_MAX=limit, CHUNK=CHUNK, num_warps=NUM_WARPS,
     )
-    return k8, vt8
+    return k8, vt8, scales

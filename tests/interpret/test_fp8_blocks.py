@@ -1,0 +1,143 @@
+"""Block-scaled FP8 (core/fp8.py): a bad value changes only its own blocks.
+
+The torch kernel tests run anywhere; the Triton ones run its kernels through the
+interpreter (TRITON_INTERPRET=1), which has no fp8 types: there the fp8 path keeps the
+same block scales, clamps and NaN handling and stores the scaled values in fp16
+(`triton_kernel._FP8_STORAGE`), so the scale logic is checked, not fp8 rounding (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import mla_plugins
+from mla_plugins.core.fp8 import BLOCK, block_quantize, block_scales
+from mla_plugins.core.reference import reference_attention, relative_error
+from tests.core.helpers import FP8_TOL, cu_seqlens, poisoned, random_batch
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interp = pytest.mark.skipif(not INTERP, reason="runs the Triton interpreter: set TRITON_INTERPRET=1")
+
+LENS_Q, LENS_K = [70, 130, 90], [150, 200, 90]
+FP8 = torch.float8_e4m3fn
+
+
+def _poison(q, k, v, cq, ck):
+    """inf in a q row, NaN in a k row, 1e30 in a v row of sequence 1, head 0 only."""
+    q0, k0 = cq[1].item(), ck[1].item()
+    q[q0 + 65, 0, 3] = float("inf")
+    k[k0 + 10, 0, 100] = float("nan")
+    v[k0 + 130, 0, 7] = 1e30
+
+
+def _run(kernel, q, k, v, cq, ck, dtype):
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=q.shape[1], tile_q=64, kv_granularity=64,
+                                    num_workers=1)
+    out = poisoned((q.shape[0], q.shape[1], 128), dtype)
+    _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, out=out, return_lse=True,
+                                     plan=plan, kernel=kernel)
+    return out, lse
+
+
+def _isolation(kernel, dtype):
+    heads = 2
+    q, k, v, cq, ck = random_batch(LENS_Q, LENS_K, heads, dtype=dtype)
+    _poison(q, k, v, cq, ck)
+    out, lse = _run(kernel, q, k, v, cq, ck, dtype)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    for b in (0, 2):
+        qs, ks = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1])
+        alone, alone_lse = _run(kernel, q[qs], k[ks], v[ks], cu_seqlens([LENS_Q[b]]),
+                                cu_seqlens([LENS_K[b]]), dtype)
+        assert torch.isfinite(out[qs]).all()
+        assert torch.equal(out[qs], alone), f"sequence {b} changed by another sequence's values"
+        assert torch.equal(lse[qs], alone_lse)
+    # sequence 1: head 1 holds no bad value and is untouched; head 0 is damaged as in bf16
+    s1 = slice(cqh[1], cqh[2])
+    ref, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8)
+    assert torch.isfinite(out[s1, 1]).all()
+    assert relative_error(out[s1, 1], ref[s1, 1]) < FP8_TOL
+    assert not torch.isfinite(out[s1, 0]).all()
+
+
+def test_torch_kernel_isolates_sequences():
+    _isolation("torch", torch.bfloat16)
+
+
+@needs_interp
+def test_triton_kernel_isolates_sequences(monkeypatch):
+    from mla_plugins.core.kernels import triton_kernel
+
+    monkeypatch.setattr(triton_kernel, "_FP8_STORAGE", torch.float16)
+    _isolation("triton", torch.float16)
+
+
+def test_block_scales_follow_the_rule():
+    """One scale per (64-row block from each sequence's start, head): checked block by block."""
+    x = torch.randn(300, 3, 16) * torch.rand(300, 3, 1) * 10
+    cu = [0, 40, 40, 230, 300]
+    x[100, 2, 5] = float("nan")
+    x[250, 1, 0] = float("inf")
+    x[200:230, 0] = 0.0
+    x[192:200, 0] = 0.0  # block 2 of sequence 2 (rows 168..230, head 0): all zero -> scale 1
+    x[168:192, 0] = 0.0
+    s = block_scales(x, cu, FP8)
+    for a, b in zip(cu, cu[1:], strict=False):
+        for r0 in range(a, b, BLOCK):
+            blk = x[r0 : min(r0 + BLOCK, b)]
+            for h in range(3):
+                amax = blk[:, h].abs().amax()
+                want = 1.0 if amax == 0 else amax / 448.0
+                got = s[r0 : min(r0 + BLOCK, b), h]
+                if torch.isnan(torch.as_tensor(want)):
+                    assert torch.isnan(got).all()
+                else:
+                    assert (got == torch.as_tensor(want, dtype=torch.float32)).all(), (a, r0, h)
+    q8, _ = block_quantize(x, cu, FP8)
+    assert torch.isfinite(q8.float()).all(), "stored fp8 values must stay finite (NaN -> 0)"
+
+
+def test_torch_kernel_matches_fp8_reference():
+    """The torch kernel and the float64 reference quantize alike: far closer to each other
+    than either is to unquantized attention."""
+    q, k, v, cq, ck = random_batch([1, 200, 257], [129, 700, 513], 4)
+    out, _ = _run("torch", q, k, v, cq, ck, torch.bfloat16)
+    ref8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8)
+    ref, _ = reference_attention(q, k, v, cq, ck)
+    assert relative_error(out, ref8) < 1e-2
+    assert relative_error(out, ref) < FP8_TOL
+
+
+@needs_interp
+def test_triton_quant_layout_and_scales():
+    """The one-pass k/v quantization: values, transposed columns, scales, zero gaps."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    lens = [37, 0, 130, 64]
+    heads = 2
+    _, k, v, _, ck = random_batch(lens, lens, heads, dtype=torch.float16, scale=3.0)
+    k[40, 1, 2] = float("nan")
+    cu = ck.tolist()
+    k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), torch.float16, 448.0)
+    rk, sk = block_quantize(k, cu, FP8)
+    rv, sv = block_quantize(v, cu, FP8)
+    exp_k = (k.float() / sk[..., None]).nan_to_num(nan=0.0).clamp(-448, 448).half()
+    assert torch.equal(k8, exp_k)
+    exp_v = (v.float() / sv[..., None]).nan_to_num(nan=0.0).clamp(-448, 448).half()
+    for b in range(len(lens)):
+        for t in range(cu[b], cu[b + 1]):
+            col = t - cu[b] % 16 + 16 * b
+            assert torch.equal(vt8[:, col].view(heads, 128), exp_v[t]), (b, t)
+            if (t - cu[b]) % BLOCK == 0:
+                for h in range(heads):
+                    got_k, got_v = scales[0, h, col // 16], scales[1, h, col // 16]
+                    assert torch.equal(got_k, sk[t, h]) or (torch.isnan(got_k) and torch.isnan(sk[t, h]))
+                    assert got_v == sv[t, h]
+        # the columns after a sequence, up to the next one's first, are zeros
+        end = cu[b + 1] - cu[b] % 16 + 16 * b
+        nxt = cu[b + 1] - cu[b + 1] % 16 + 16 * (b + 1)
+        if cu[b + 1] > cu[b]:
+            assert (vt8[:, end:nxt] == 0).all(), b
