@@ -85,7 +85,8 @@ def _bind(module) -> dict:
         elif not reduce_known:
             # The metadata drop-in fills lse through the reduce: with a reduce we cannot
             # call, SGLang's own calls are the honest ones (they fail with AITER's error).
-            result[name] = f"AITER's convention is not one mla-plugins knows: {status.reason}"
+            result[name] = (f"AITER's convention is not one mla-plugins knows: {status.reason}"
+                            if name == REDUCE else "left with mla_reduce_v1")
         elif drop_in is None:
             result[name] = "this mla-plugins has no drop-in for it"
         elif name == METADATA and _metadata_convention(status) is None:
