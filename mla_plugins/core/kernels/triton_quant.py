@@ -1,9 +1,10 @@
 """Block-scaled FP8 quantization of k and v in one pass (`core/fp8.py`'s block rule).
 
-One program per (64-key block of a sequence, sequence, head) takes the NaN-aware amax of
-its bf16 k [64, 192] and v [64, 128] and writes the fp8 values and the two scales: one
-read of bf16 from device memory (the cast sweep re-reads the block from L2), one write
-of fp8, no separate amax pass over the tensors. q is quantized inside
+One program per (64-key block of a sequence, sequence, head; or a few heads in turn) loads
+its bf16 k [64, 192] and v [64, 128] once, takes the NaN-aware amax in registers and
+writes the fp8 values and the two scales: one read of bf16, one write of fp8, no separate
+amax pass over the tensors. v is transposed in registers and stored as [128, 64] tiles
+whose rows (64 tokens) start at 16-aligned columns, in 16-byte vectors. q is quantized inside
 the attention kernel (one scale per 64-row query block and head, from the tile it loads
 anyway), so q is never written.
 
@@ -39,8 +40,9 @@ NOPE, ROPE, DV = 128, 64, 128
 SCALE_BLOCK = 64
 #: warps every quantization kernel launches with
 NUM_WARPS = 8
-#: rows per slice of a 64-row block in the quantization kernel
-CHUNK = 16
+#: heads one quantization program handles in turn (the largest divisor of H up to this);
+#: with 4 warps or 2 heads the sm_90 build spills when strides are not known 16-divisible
+HEADS_PER_PROGRAM = 1
 
 if triton is not None:
 
@@ -76,78 +78,76 @@ if triton is not None:
     @triton.jit
     def _quant_kv_kernel(
         K, V, K8, VT8, Scales, CuK,
-        sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w,
-        FP8_MAX: tl.constexpr, CHUNK: tl.constexpr,
+        sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
+        FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
     ):
-        """Grid (key blocks of the longest sequence, sequences, heads)."""
+        """Grid (key blocks of the longest sequence, sequences, heads / HEADS_PER_PROGRAM)."""
         j = tl.program_id(0)
         b = tl.program_id(1)
-        h = tl.program_id(2)
-        heads = tl.num_programs(2)
+        g = tl.program_id(2)
         k0 = tl.load(CuK + b)
         k1 = tl.load(CuK + b + 1)
         r0 = k0 + j * SCALE_BLOCK_C
         if (r0 < k1) | ((j == 0) & (k0 == k1)):
-            # two sweeps over the block in CHUNK-row slices: the amax, then the cast. The
-            # second reads what the first just brought into L2 (device memory is read once)
-            # and the slices keep the registers low enough not to spill.
             out_ty = K8.dtype.element_ty
             c_nope = tl.arange(0, NOPE_C)
             c_rope = tl.arange(0, ROPE_C)
             c_v = tl.arange(0, DV_C)
-            kbase = K + h.to(tl.int64) * sk_h
-            vbase = V + h.to(tl.int64) * sv_h
-            amax_k = 0.0
-            amax_v = 0.0
-            for c in range(0, SCALE_BLOCK_C, CHUNK):
-                rows = r0 + c + tl.arange(0, CHUNK)
-                ok = (rows < k1)[:, None]
-                src = kbase + rows.to(tl.int64)[:, None] * sk_t
-                kn = tl.load(src + c_nope[None, :], mask=ok, other=0.0).to(tl.float32)
-                kr = tl.load(src + NOPE_C + c_rope[None, :], mask=ok, other=0.0).to(tl.float32)
-                amax_k = max_nan(amax_k, max_nan(nan_aware_amax(kn), nan_aware_amax(kr)))
-                x = tl.load(vbase + rows.to(tl.int64)[:, None] * sv_t + c_v[None, :], mask=ok,
+            t = tl.arange(0, SCALE_BLOCK_C)
+            ok = (t < k1 - r0)[:, None]
+            # the block's first vt8 column and the next sequence's first column are both
+            # multiples of 16 (vt_column); telling the compiler so lets the transposed store
+            # write 16-byte vectors with a mask that is constant over each vector
+            col0 = tl.multiple_of(k0 - k0 % 16 + 16 * b + j * SCALE_BLOCK_C, 16)
+            next_start = tl.multiple_of(k1 - k1 % 16 + 16 * (b + 1), 16)
+            vt_stride = tl.multiple_of(vt_stride, 16)
+            # columns of this block past the sequence's end get the zeros of the masked loads
+            # (the gap up to the next sequence's first column, which a tile of the last keys
+            # reads masked); the columns of the next sequence are left alone
+            col_ok = (t < next_start - col0)[None, :]
+            last = r0 + SCALE_BLOCK_C >= k1
+            # scalar 64-bit bases, 32-bit offset tiles: fewer address registers
+            k_off = t[:, None] * sk_t
+            k8_off = t[:, None] * (heads * (NOPE_C + ROPE_C))
+            v_off = t[:, None] * sv_t + c_v[None, :]
+            vt_off = c_v[:, None] * vt_stride + t[None, :]
+            for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
+                h = g * HEADS_PER_PROGRAM + hh
+                # one sweep: the whole 64-row block of this head is loaded once, its amax
+                # taken in registers, then cast and stored (k first, then v: fewer live)
+                src = K + h.to(tl.int64) * sk_h + r0.to(tl.int64) * sk_t
+                kn = tl.load(src + k_off + c_nope[None, :], mask=ok, other=0.0).to(tl.float32)
+                kr = tl.load(src + NOPE_C + k_off + c_rope[None, :], mask=ok,
+                             other=0.0).to(tl.float32)
+                s_k = scale_from_amax(max_nan(nan_aware_amax(kn), nan_aware_amax(kr)), FP8_MAX)
+                dst = K8 + (r0.to(tl.int64) * heads + h) * (NOPE_C + ROPE_C)
+                tl.store(dst + k8_off + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty), mask=ok)
+                tl.store(dst + NOPE_C + k8_off + c_rope[None, :], to_fp8(kr, s_k, FP8_MAX, out_ty),
+                         mask=ok)
+                x = tl.load(V + h.to(tl.int64) * sv_h + r0.to(tl.int64) * sv_t + v_off, mask=ok,
                             other=0.0).to(tl.float32)
-                amax_v = max_nan(amax_v, nan_aware_amax(x))
-            s_k = scale_from_amax(amax_k, FP8_MAX)
-            s_v = scale_from_amax(amax_v, FP8_MAX)
-            shift = 16 * b - k0 % 16
-            # scalar 64-bit base, 32-bit offsets (128 * T_pad < 2^31): fewer address registers
-            vbase8 = VT8 + (h * DV_C).to(tl.int64) * vt_stride + (r0 + shift)
-            vrow = c_v[None, :] * vt_stride - r0
-            for c in range(0, SCALE_BLOCK_C, CHUNK):
-                rows = r0 + c + tl.arange(0, CHUNK)
-                ok = (rows < k1)[:, None]
-                src = kbase + rows.to(tl.int64)[:, None] * sk_t
-                dst = K8 + (rows.to(tl.int64) * heads + h)[:, None] * (NOPE_C + ROPE_C)
-                kn = tl.load(src + c_nope[None, :], mask=ok, other=0.0).to(tl.float32)
-                tl.store(dst + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty), mask=ok)
-                kr = tl.load(src + NOPE_C + c_rope[None, :], mask=ok, other=0.0).to(tl.float32)
-                tl.store(dst + NOPE_C + c_rope[None, :], to_fp8(kr, s_k, FP8_MAX, out_ty), mask=ok)
-            # v in one 64-row tile: its transposed store then writes 64 contiguous bytes per row
-            rows = r0 + tl.arange(0, SCALE_BLOCK_C)
-            ok = (rows < k1)[:, None]
-            x = tl.load(vbase + rows.to(tl.int64)[:, None] * sv_t + c_v[None, :], mask=ok,
-                        other=0.0).to(tl.float32)
-            tl.store(vbase8 + vrow + rows[:, None], to_fp8(x, s_v, FP8_MAX, out_ty), mask=ok)
-            if r0 + SCALE_BLOCK_C >= k1:
-                # zeros from the sequence's end to the next one's first column (< 32 of them):
-                # a tile of a sequence's last keys reads there, masked, and must see zeros
-                gap = k1 + shift + tl.arange(0, 32)
-                next_start = k1 - k1 % 16 + 16 * (b + 1)
-                zeros = tl.zeros([32, DV_C], dtype=tl.float32).to(out_ty)
-                tl.store(vbase8 + vrow + (gap - shift)[:, None], zeros, mask=(gap < next_start)[:, None])
-            if r0 < k1:
-                sidx = (r0 + shift) // 16
-                tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
-                tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
+                s_v = scale_from_amax(nan_aware_amax(x), FP8_MAX)
+                # v transposed in registers: [128 features, 64 tokens], tokens contiguous
+                vt = tl.trans(to_fp8(x, s_v, FP8_MAX, out_ty))
+                vrow = VT8 + (h * DV_C).to(tl.int64) * vt_stride + col0
+                tl.store(vrow + vt_off, vt, mask=col_ok)
+                if last:
+                    # the gap can reach 16 columns past the block (it is < 32 columns long)
+                    tail = SCALE_BLOCK_C + tl.arange(0, 16)
+                    zeros = tl.zeros([DV_C, 16], dtype=tl.float32).to(out_ty)
+                    tl.store(vrow + c_v[:, None] * vt_stride + tail[None, :], zeros,
+                             mask=(tail < next_start - col0)[None, :])
+                if r0 < k1:
+                    sidx = col0 // 16
+                    tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
+                    tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
 
 
 #: (kernel, pointer argument types, constexprs) of every launch below, for tests/compile
 #: ("FP8" stands for the arch's fp8 type, "FP8_MAX" for its largest finite value)
 COMPILE_SPECS = [
     ("_quant_kv_kernel", {"K": "*bf16", "V": "*bf16", "K8": "*FP8", "VT8": "*FP8", "Scales": "*fp32",
-                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "CHUNK": CHUNK}),
+                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM}),
 ]
 
 
@@ -170,6 +170,9 @@ def quantize_kv(
     fp8_dtype: torch.dtype,
     fp8_max: float | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    *,
+    heads_per_program: int = HEADS_PER_PROGRAM,
+    num_warps: int = NUM_WARPS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]).
 
@@ -178,6 +181,8 @@ def quantize_kv(
     `cu_seqlens_k` int32 on k's device; `batch` and `max_seqlen_k` from the host (the plan),
     so nothing is read back from the device. `fp8_max` overrides the format's largest
     value (tests run the fp8 logic with fp16 storage in Triton's interpreter).
+    `heads_per_program` and `num_warps` are tuning knobs (benchmarks/quant_bench.py); the
+    outputs do not depend on them.
     """
     total_k, heads = k.shape[0], k.shape[1]
     t_pad = vt_padded_len(total_k, batch)
@@ -191,10 +196,11 @@ def quantize_kv(
         return k8, vt8, scales
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     # at least one block per sequence: an empty one still writes its zero columns
-    grid = (max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK)), batch, heads)
+    hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
+    grid = (max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK)), batch, heads // hpp)
     _quant_kv_kernel[grid](
         k, v, k8, vt8, scales, cu_seqlens_k,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad, scales.stride(0),
-        FP8_MAX=limit, CHUNK=CHUNK, num_warps=NUM_WARPS,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad, scales.stride(0), heads,
+        FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, num_warps=num_warps,
     )
     return k8, vt8, scales
