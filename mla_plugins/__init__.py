@@ -12,6 +12,7 @@ from .core import (
     PrefillInputs,
     PrefillPlan,
     ReduceInputs,
+    after_import,
     aiter_get_ps_metadata_v1,
     aiter_mla_reduce_v1,
     available_kernels,
@@ -30,6 +31,7 @@ from .core import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "after_import",
     "AiterStatus",
     "Kernel",
     "KernelInfo",

@@ -2,6 +2,7 @@
 
 from .aiter import AiterStatus, aiter_get_ps_metadata_v1, aiter_mla_reduce_v1, probe_aiter
 from .api import available_kernels, mla_prefill, mla_reduce, unsupported_reasons
+from .imports import after_import
 from .kernels import hookimpl
 from .kernels.base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
 from .plan import PrefillPlan, plan_prefill
@@ -11,6 +12,7 @@ from .settings import fp8_requested, shim_enabled
 from .trace import trace_context
 
 __all__ = [
+    "after_import",
     "AiterStatus",
     "Kernel",
     "KernelInfo",

@@ -23,6 +23,8 @@ import os
 import re
 import sys
 
+import mla_plugins
+
 logger = logging.getLogger("mla_plugins.sglang.plugin")
 
 BACKEND_NAME = "mla_plugins"
@@ -136,36 +138,9 @@ def _add_deepseek_handler(module) -> None:
         registry.register(BACKEND_NAME, deepseek_forward_method)
 
 
-class _HandlerOnImport(importlib.abc.MetaPathFinder):
-    """Registers our handler right after SGLang's handler module executes, then steps aside."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != HANDLER_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        original_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            original_exec(module)
-            try:
-                _add_deepseek_handler(module)
-            except Exception:
-                logger.exception("mla_plugins: registering the DeepSeek handler for %r failed; "
-                                 "DeepSeek models fall back to SGLang's triton handler", BACKEND_NAME)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def _register_deepseek_handler() -> str:
     """"now" if SGLang's handler module is already imported, else "deferred" (on import)."""
-    module = sys.modules.get(HANDLER_MODULE)
-    if module is not None:
-        _add_deepseek_handler(module)
-        return "now"
-    if not any(isinstance(f, _HandlerOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _HandlerOnImport())
-    return "deferred"
+    now = HANDLER_MODULE in sys.modules
+    mla_plugins.after_import(HANDLER_MODULE, _add_deepseek_handler,
+                             what="registering the DeepSeek handler (else SGLang's triton handler)")
+    return "now" if now else "deferred"

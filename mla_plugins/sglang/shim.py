@@ -29,8 +29,6 @@ also imports the backend module at plugin-load time.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
 import sys
 
@@ -115,27 +113,6 @@ def _bind(module) -> dict:
     return result
 
 
-class _BindOnImport(importlib.abc.MetaPathFinder):
-    """Runs `_bind` right after the aiter backend module executes, then steps aside."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original_exec = loader.exec_module
-
-        def exec_module(module):
-            original_exec(module)
-            _bind(module)
-
-        loader.exec_module = exec_module
-        return spec
-
-
 def install_aiter_shim() -> str:
     """Install the shim; cheap, and safe to call in every SGLang process.
 
@@ -147,10 +124,6 @@ def install_aiter_shim() -> str:
     if not mla_plugins.shim_enabled():
         logger.info("mla_plugins: MLA_PLUGINS_SHIM=0, SGLang's aiter backend is left as it is")
         return "disabled"
-    module = sys.modules.get(TARGET_MODULE)
-    if module is not None:
-        _bind(module)
-        return "bound"
-    if not any(isinstance(f, _BindOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _BindOnImport())
-    return "deferred"
+    now = TARGET_MODULE in sys.modules
+    mla_plugins.after_import(TARGET_MODULE, _bind, what="binding the AITER shim")
+    return "bound" if now else "deferred"

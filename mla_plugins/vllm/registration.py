@@ -223,36 +223,9 @@ def install_aiter_shim() -> list[str]:
         return ["AITER shim off (MLA_PLUGINS_SHIM=0)"]
     if importlib.util.find_spec("aiter") is None:  # the common case: no probe, no cost
         return []
-    module = sys.modules.get(AITER_MLA_MODULE)
-    if module is not None:
-        return [_wrap_aiter_mla_impl(module)]
-    if not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _WrapOnImport())
-    return [f"AITER shim waits for {AITER_MLA_MODULE}"]
-
-
-class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Runs `_wrap_aiter_mla_impl` right after vLLM's AITER MLA module executes, then steps aside."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != AITER_MLA_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        original_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            original_exec(module)
-            try:
-                _wrap_aiter_mla_impl(module)
-            except Exception:  # never break vLLM's import of its own backend
-                logger.exception("mla-plugins: wrapping %s.AiterMLAImpl failed; left as it is",
-                                 AITER_MLA_MODULE)
-
-        spec.loader.exec_module = exec_module
-        return spec
+    done = mla_plugins.after_import(AITER_MLA_MODULE, _wrap_aiter_mla_impl,
+                                    what="wrapping AiterMLAImpl for the AITER shim")
+    return [done or f"AITER shim waits for {AITER_MLA_MODULE}"]
 
 
 def _structure_mismatch(impl) -> str | None:
