@@ -48,3 +48,41 @@ def test_bad_shim_value_one_warning_no_traceback():
 def test_shim_off_in_other_spellings(raw):
     got, stderr = _run(MLA_PLUGINS_SHIM=raw)
     assert got == {"registered": True, "shim": "disabled"}, stderr[-2000:]
+
+
+AITER_BODY = """
+import json
+import mla_plugins
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+from sglang.srt.plugins import load_plugins
+for _ in range(3):
+    load_plugins()
+status = mla_plugins.probe_aiter()   # what the scheduler's first prefill does
+print(json.dumps({"registered": "mla_plugins" in ATTENTION_BACKENDS, "amd": status.is_amd_aiter,
+                  "usable": status.usable, "import_error": status.import_error,
+                  "reason": status.reason}))
+"""
+
+
+@pytest.mark.parametrize("variant", ["systemexit", "no_metadata"])
+def test_aiter_failures_do_not_stop_sglang(variant, tmp_path):
+    """An aiter whose import raises SystemExit neither stops SGLang's plugin loading nor the
+    probe; an AMD aiter without distribution metadata is not called the async-iterator one."""
+    from tests.fakes import fake_aiter
+
+    site = fake_aiter.write_package(tmp_path / "site", variant)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLA_PLUGINS_")}
+    env.update(SGLANG_PLUGINS="", PYTHONPATH=os.pathsep.join(
+        [str(site), repo, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(AITER_BODY)], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["registered"], proc.stderr[-4000:]
+    if variant == "systemexit":
+        assert got["import_error"] and got["import_error"].startswith("SystemExit"), got
+        assert not got["usable"]
+    else:
+        assert got["amd"] and got["usable"], got
+        assert "async" not in got["reason"], got

@@ -89,3 +89,38 @@ print(json.dumps([MLAPluginsPrefillBackend(**kw).fp8 for _ in range(4)]))
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [False] * 4
     assert "Traceback" not in proc.stderr
     assert len(_mentions(proc.stderr, "MLA_PLUGINS_FP8: found 'maybe'")) == 1, proc.stderr[-4000:]
+
+
+AITER_BODY = """
+import json
+import mla_plugins
+from vllm.plugins import load_general_plugins
+from vllm.v1.attention.backends.mla.prefill import registry as pr
+for _ in range(3):
+    load_general_plugins()
+status = mla_plugins.probe_aiter()   # what the worker's first prefill does
+print(json.dumps({"members": list(pr.MLAPrefillBackendEnum.__members__),
+                  "amd": status.is_amd_aiter, "usable": status.usable,
+                  "import_error": status.import_error, "reason": status.reason}))
+"""
+
+
+@pytest.mark.parametrize("variant", ["systemexit", "no_metadata"])
+def test_aiter_failures_do_not_stop_vllm(variant, tmp_path):
+    """An aiter whose import raises SystemExit neither stops vLLM's plugin loading nor the
+    probe; an AMD aiter without distribution metadata is not called the async-iterator one."""
+    from tests.fakes import fake_aiter
+
+    from .conftest import REPO
+
+    site = fake_aiter.write_package(tmp_path / "site", variant)
+    proc = run_python(AITER_BODY, env={"PYTHONPATH": f"{site}:{REPO}"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "MLA_PLUGINS" in got["members"], proc.stderr[-4000:]
+    if variant == "systemexit":
+        assert got["import_error"] and got["import_error"].startswith("SystemExit"), got
+        assert not got["usable"]
+    else:
+        assert got["amd"] and got["usable"], got
+        assert "async" not in got["reason"], got
