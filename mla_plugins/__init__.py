@@ -21,10 +21,12 @@ from .core import (
     hookimpl,
     mla_prefill,
     mla_reduce,
+    pinned_kernel,
     plan_prefill,
     probe_aiter,
     shim_enabled,
     trace_context,
+    trace_event,
     unsupported_reasons,
 )
 
@@ -48,9 +50,11 @@ __all__ = [
     "hookimpl",
     "mla_prefill",
     "mla_reduce",
+    "pinned_kernel",
     "plan_prefill",
     "probe_aiter",
     "shim_enabled",
     "trace_context",
+    "trace_event",
     "unsupported_reasons",
 ]

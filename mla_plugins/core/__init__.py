@@ -8,8 +8,8 @@ from .kernels.base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
 from .plan import PrefillPlan, plan_prefill
 from .registry import KernelNotSupportedError, get_registry
 from .settings import flag as env_flag
-from .settings import fp8_requested, shim_enabled
-from .trace import trace_context
+from .settings import fp8_requested, pinned_kernel, shim_enabled
+from .trace import trace_context, trace_event
 
 __all__ = [
     "after_import",
@@ -29,9 +29,11 @@ __all__ = [
     "hookimpl",
     "mla_prefill",
     "mla_reduce",
+    "pinned_kernel",
     "plan_prefill",
     "probe_aiter",
     "shim_enabled",
     "trace_context",
+    "trace_event",
     "unsupported_reasons",
 ]

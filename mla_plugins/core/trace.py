@@ -37,22 +37,22 @@ def trace_context(framework: str, entry: str):
 
 
 def record_prefill(*, kernel: str, fp8: bool, q_tokens: int, k_tokens: int, heads: int) -> None:
+    framework, entry = _context.get() or ("direct", "mla_prefill")
+    _append({"framework": framework, "entry": entry, "kernel": kernel, "fp8": fp8,
+             "q_tokens": q_tokens, "k_tokens": k_tokens, "heads": heads})
+
+
+def trace_event(framework: str, entry: str, **fields) -> None:
+    """One more MLA_PLUGINS_TRACE line beside the prefill calls' (an adapter's planned batch:
+    entry "plan"), with the pid of the process that wrote it."""
+    _append({"framework": framework, "entry": entry, **fields})
+
+
+def _append(record: dict) -> None:
     path = trace_path()
     if path is None:
         return
-    framework, entry = _context.get() or ("direct", "mla_prefill")
-    line = json.dumps(
-        {
-            "framework": framework,
-            "entry": entry,
-            "kernel": kernel,
-            "fp8": fp8,
-            "q_tokens": q_tokens,
-            "k_tokens": k_tokens,
-            "heads": heads,
-            "pid": os.getpid(),
-        }
-    )
+    line = json.dumps({**record, "pid": os.getpid()})
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

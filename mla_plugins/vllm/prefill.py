@@ -33,9 +33,7 @@ what else is in the batch.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -79,12 +77,6 @@ def _batch_invariant() -> bool:
     import vllm.envs as envs
 
     return bool(getattr(envs, "VLLM_BATCH_INVARIANT", False))
-
-
-def _pinned_kernel() -> str | None:
-    """MLA_PLUGINS_KERNEL as the core reads it ('' and 'auto' mean no pin)."""
-    name = os.environ.get("MLA_PLUGINS_KERNEL", "").strip()
-    return None if name in ("", "auto") else name
 
 
 def _gpu_sync_allowed():
@@ -131,7 +123,7 @@ def config_reasons(
             return [str(exc)]
 
     reasons: list[str] = []
-    pin = _pinned_kernel()
+    pin = mla_plugins.pinned_kernel()
     if pin is not None:
         pin_reasons = kernel_reasons(pin)
         if pin_reasons:
@@ -191,23 +183,6 @@ def _warn_if_amx_mla_bypasses_us(vllm_config) -> None:
             "its own prefill and never calls MLA prefill backends (this one included); pass "
             "attention_config {\"backend\": \"CPU_MLA\"} (--attention-backend CPU_MLA) to use it"
         )
-
-
-def _record_plan_event(**fields) -> None:
-    """One MLA_PLUGINS_TRACE line per planned batch (entry "plan"), beside the core's
-    one line per prefill call: shows how often each process plans."""
-    path = os.environ.get("MLA_PLUGINS_TRACE")
-    if not path:
-        return
-    line = json.dumps({"framework": "vllm", "entry": "plan", "pid": os.getpid(), **fields})
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError as exc:  # tracing must never break a prefill
-        logger.debug("MLA_PLUGINS_TRACE=%s: cannot append the plan line (%s)", path, exc)
 
 
 def _workspace_manager():
@@ -363,8 +338,8 @@ class MLAPluginsPrefillBackend(MLAPrefillBackend):
         planned = 1 + len(self._chunk_plans)
         self.stats["batches"] += 1
         self.stats["plans"] += planned
-        _record_plan_event(
-            batch=self.stats["batches"], plans=planned, heads=self.num_heads,
+        mla_plugins.trace_event(
+            "vllm", "plan", batch=self.stats["batches"], plans=planned, heads=self.num_heads,
             q_tokens=cu_q[-1], chunks=len(self._chunk_plans), kernel=self._new_tokens_plan.kernel,
             fp8=self.fp8, workspace_bytes=max(
                 [self._new_tokens_plan.workspace_bytes]
