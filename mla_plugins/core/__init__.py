@@ -10,6 +10,7 @@ from .registry import KernelNotSupportedError, get_registry
 from .settings import flag as env_flag
 from .settings import fp8_requested, pinned_kernel, shim_enabled
 from .trace import trace_context, trace_event
+from .workspace import reserve as reserve_workspace
 
 __all__ = [
     "after_import",
@@ -32,6 +33,7 @@ __all__ = [
     "pinned_kernel",
     "plan_prefill",
     "probe_aiter",
+    "reserve_workspace",
     "shim_enabled",
     "trace_context",
     "trace_event",

@@ -37,7 +37,6 @@ which this backend refuses with a clear error).
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from dataclasses import dataclass, field
 
@@ -67,28 +66,18 @@ def _cumsum0(lengths) -> list[int]:
     return out
 
 
-@functools.cache
-def _host_plans() -> bool:
-    """Whether this mla_plugins plans from host offsets for a given device and kernel."""
-    params = inspect.signature(mla_plugins.plan_prefill).parameters
-    return {"device", "kernel", "fp8"} <= set(params)
-
-
 @dataclass
 class ExtendMetadata:
-    """Offsets of one extend batch, built from host lengths.
+    """Offsets of one extend batch, built from host lengths (the plans hold device copies).
 
-    cu_seqlens_q:   int32 [B+1] on the device, new tokens per sequence (`extend_seq_lens`)
-    cu_seqlens_all: int32 [B+1] on the device, prefix + new tokens per sequence
-    cu_q_host / cu_all_host: the same offsets on the host
+    cu_q_host:   [B+1] offsets of the new tokens per sequence (`extend_seq_lens_cpu`)
+    cu_all_host: [B+1] offsets of prefix + new tokens per sequence
     method: "extend" (no cached prefix), "extend_with_prefix" (MHA_ONE_SHOT) or "chunked"
             (MHA_CHUNKED_KV), as `deepseek_forward_method` decides for this batch
     plans: plan per call shape ("extend", "extend_with_prefix", ("prefix_chunk", i)), built
            once per batch and used by every layer
     """
 
-    cu_seqlens_q: torch.Tensor
-    cu_seqlens_all: torch.Tensor
     total_q: int
     total_all: int
     num_prefix_tokens: int
@@ -121,14 +110,10 @@ def _method(prefix_lens, seq_total: int, capacity: int) -> str:
 
 def extend_metadata(forward_batch) -> ExtendMetadata:
     """Build the prefill offsets of a real SGLang `ForwardBatch` of an extend mode (host lengths)."""
-    device = forward_batch.seq_lens.device
     extend, prefix = _host_lengths(forward_batch)
     cu_q = _cumsum0(extend)
     cu_all = _cumsum0(p + n for p, n in zip(prefix, extend, strict=True))
-    # one host-to-device copy per batch (with a plan the kernels use the plan's own copies)
-    both = torch.tensor([cu_q, cu_all], dtype=torch.int32).to(device, non_blocking=True)
-    meta = ExtendMetadata(both[0], both[1], cu_q[-1], cu_all[-1], cu_all[-1] - cu_q[-1],
-                          tuple(cu_q), tuple(cu_all))
+    meta = ExtendMetadata(cu_q[-1], cu_all[-1], cu_all[-1] - cu_q[-1], tuple(cu_q), tuple(cu_all))
     meta.method = _method(prefix, cu_all[-1], forward_batch.get_max_chunk_capacity())
     return meta
 
@@ -245,23 +230,20 @@ def backend_class():
             logger.info(
                 "mla_plugins SGLang prefill backend: kv_cache_dtype=%s -> %s prefill; %s",
                 self.kv_cache_dtype_str, "fp8" if self.fp8 else "bf16/fp16",
-                f"plans per batch, workspace {self.workspace_bytes} bytes reserved" if _host_plans()
-                else "this mla_plugins has no host-offset plans: offsets are read per call",
+                f"plans per batch, workspace {self.workspace_bytes} bytes reserved",
             )
 
         def _reserve_workspace(self, max_tokens: int | None) -> int:
             """Size the shared workspace once, for a batch of SGLang's largest prefill."""
-            if not (_host_plans() and max_tokens and self.heads and self.head_dim_qk and self.head_dim_v):
+            if not (max_tokens and self.heads and self.head_dim_qk and self.head_dim_v):
                 return 0
             try:
-                from mla_plugins.core.workspace import reserve
-
                 plan = mla_plugins.plan_prefill(
                     [0, max_tokens], [0, max_tokens], num_heads=self.heads, causal=True,
                     device=self.device, dtype=self.dtype, fp8=self.fp8,
                     head_dim_qk=self.head_dim_qk, head_dim_v=self.head_dim_v,
                 )
-                reserve(self.device, plan.workspace_bytes)
+                mla_plugins.reserve_workspace(self.device, plan.workspace_bytes)
                 return plan.workspace_bytes
             except Exception:  # the workspace then grows on the first call that needs it
                 logger.warning("mla_plugins: reserving the prefill workspace for %d tokens failed; "
@@ -283,7 +265,7 @@ def backend_class():
             return plan
 
         def _plan_now(self, meta: ExtendMetadata, key, cu_q, cu_k, causal: bool):
-            if _host_plans() and self.heads and self.head_dim_qk and self.head_dim_v:
+            if self.heads and self.head_dim_qk and self.head_dim_v:
                 self._plan(meta, key, cu_q, cu_k, causal=causal, heads=self.heads,
                            dqk=self.head_dim_qk, dv=self.head_dim_v, dtype=self.dtype)
 
@@ -372,35 +354,28 @@ def backend_class():
                 idx = forward_batch.prefix_chunk_idx
                 key, causal, entry, return_lse = ("prefix_chunk", idx), False, "prefix_chunk", True
                 cu_k_host = None  # only read if this chunk has no plan yet
-                cu_k = forward_batch.prefix_chunk_cu_seq_lens[idx]
             elif k3.shape[0] == meta.total_q:
                 key, causal, entry = "extend", True, "extend"
-                cu_k_host, cu_k = meta.cu_q_host, meta.cu_seqlens_q
+                cu_k_host = meta.cu_q_host
             elif k3.shape[0] == meta.total_all:
                 key, causal, entry = "extend_with_prefix", True, "extend_with_prefix"
-                cu_k_host, cu_k = meta.cu_all_host, meta.cu_seqlens_all
+                cu_k_host = meta.cu_all_host
             else:
                 raise ValueError(
                     f"{BACKEND_NAME}: found {k3.shape[0]} key rows, expected {meta.total_q} (new "
                     f"tokens) or {meta.total_all} (cached prefix + new tokens)"
                 )
             with mla_plugins.trace_context(FRAMEWORK, entry):
-                if _host_plans():
-                    plan = meta.plans.get(key)
-                    if plan is None or plan.num_heads != heads:
-                        if cu_k_host is None:
-                            cu_k_host = self._chunk_offsets_host(forward_batch, idx)
-                        plan = self._plan(meta, key, meta.cu_q_host, cu_k_host, causal=causal,
-                                          heads=heads, dqk=dqk, dv=dv, dtype=q3.dtype)
-                    result = mla_plugins.mla_prefill(
-                        q3, k3, v3, plan=plan, softmax_scale=layer.scaling, causal=causal,
-                        fp8=self.fp8, return_lse=return_lse,
-                    )
-                else:
-                    result = mla_plugins.mla_prefill(
-                        q3, k3, v3, meta.cu_seqlens_q, cu_k.to(torch.int32),
-                        softmax_scale=layer.scaling, causal=causal, fp8=self.fp8, return_lse=return_lse,
-                    )
+                plan = meta.plans.get(key)
+                if plan is None or plan.num_heads != heads:
+                    if cu_k_host is None:
+                        cu_k_host = self._chunk_offsets_host(forward_batch, idx)
+                    plan = self._plan(meta, key, meta.cu_q_host, cu_k_host, causal=causal,
+                                      heads=heads, dqk=dqk, dv=dv, dtype=q3.dtype)
+                result = mla_plugins.mla_prefill(
+                    q3, k3, v3, plan=plan, softmax_scale=layer.scaling, causal=causal,
+                    fp8=self.fp8, return_lse=return_lse,
+                )
             if return_lse:
                 return result
             return result.view(-1, heads * dv)
