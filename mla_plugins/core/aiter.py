@@ -323,6 +323,19 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
 
 
+def _bind_args(op: str, names, keywords, args, kwargs) -> dict:
+    """Positional `args` onto `names` (the rest may come by keyword), then `kwargs`, which
+    must be among `keywords` and not given twice: Python's own rules, with the op named."""
+    bound = dict(zip(names, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in keywords:
+            raise TypeError(f"{op}: unexpected keyword argument {key!r}")
+        if key in bound:
+            raise TypeError(f"{op}: got multiple values for argument {key!r}")
+        bound[key] = value
+    return bound
+
+
 def normalize_reduce_args(args: tuple, kwargs: dict) -> dict:
     """Map any accepted call form to the 9 canonical names (num_kv_splits 0 if absent)."""
     if len(args) > len(NUM_KV_SPLITS_ARGS):
@@ -343,13 +356,7 @@ def normalize_reduce_args(args: tuple, kwargs: dict) -> dict:
                             "expected an int num_kv_splits there")
     else:
         names = NUM_KV_SPLITS_ARGS
-    bound = dict(zip(names, args, strict=False))  # fewer args than names: rest by keyword
-    for key, value in kwargs.items():
-        if key not in NUM_KV_SPLITS_ARGS:
-            raise TypeError(f"mla_reduce_v1: unexpected keyword argument {key!r}")
-        if key in bound:
-            raise TypeError(f"mla_reduce_v1: got multiple values for argument {key!r}")
-        bound[key] = value
+    bound = _bind_args("mla_reduce_v1", names, NUM_KV_SPLITS_ARGS, args, kwargs)
     bound.setdefault("num_kv_splits", 0)
     bound.setdefault("final_lse", None)
     missing = [n for n in NUM_KV_SPLITS_ARGS if n not in bound]
@@ -532,13 +539,7 @@ def aiter_get_ps_metadata_v1(*args, **kwargs) -> None:
         need_lse = args.pop()
     if need_lse is not None and not isinstance(need_lse, bool):
         raise TypeError(f"need_lse: found {type(need_lse).__name__}, expected bool")
-    bound = dict(zip(METADATA_ARGS, args, strict=False))
-    for key, value in kwargs.items():
-        if key not in METADATA_ARGS:
-            raise TypeError(f"get_ps_metadata_v1: unexpected keyword argument {key!r}")
-        if key in bound:
-            raise TypeError(f"get_ps_metadata_v1: got multiple values for argument {key!r}")
-        bound[key] = value
+    bound = _bind_args("get_ps_metadata_v1", METADATA_ARGS, METADATA_ARGS, args, kwargs)
     missing = [n for n in METADATA_ARGS[:11] if n not in bound]
     if missing:
         raise TypeError(f"get_ps_metadata_v1: missing required argument(s) {missing}")
