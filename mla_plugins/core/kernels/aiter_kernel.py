@@ -10,7 +10,9 @@ by `build_plan` (the plan's `extra["aiter"]`) or, for a call without such a plan
 cache keyed by the batch's host offsets, so the layers of one forward share it. Its
 metadata is built in pinned host memory and copied to the device non-blocking on the
 current stream (the pinned tensors live as long as the metadata). Partial buffers are
-sized from the host `reduce_indptr[-1]`, not from the planner's worst case.
+sized from the host `reduce_indptr[-1]`, not from the planner's worst case; they, the fp8
+copies and every other buffer of a run are views of the workspace (`scratch_layout`),
+made once per plan and lse mode, so a call allocates nothing of its own.
 
 What this provider adds to AITER's result, so the core's contract holds:
 - rows that see no key (causal rows above a sequence's diagonal when q_len > k_len, every
@@ -37,17 +39,18 @@ from ..aiter import (
     SinglePieces,
     aiter_mla_reduce_v1,
     probe_aiter,
-    register_single_pieces,
     route_unsplit_through_reduce,
 )
-from ..device import device_arch, device_kind
-from ..fp8 import quantize_fp8
+from ..device import device_arch, device_kind, fp8_dtype_for
+from ..fp8 import fp8_max
+from ..workspace import ALIGN, carve, get_workspace, workspace_size
 from .base import Inputs, Kernel, PrefillInputs, ReduceInputs
 
 logger = logging.getLogger("mla_plugins.kernels.aiter")
 
 TILE_Q = 256  # the asm kernel's query tile (mla_pfl_qh192_vh128_m32x8_n128x1)
 KV_GRANULARITY = 128
+DQK, DV = 192, 128  # the only head dims of the asm kernel
 #: value head dim -> head counts of mla_reduce_v1's router at v0.1.16 (the smaller set)
 REDUCE_ROUTER = REDUCE_ROUTER_V0116
 #: head counts AITER runs its FP8 PS prefill with in its own op test (1 and 16), besides
@@ -83,6 +86,53 @@ def _rows(ranges: list[tuple[int, int]]) -> torch.Tensor:
     return torch.cat([torch.arange(a, b) for a, b in ranges]) if ranges else torch.zeros(0, dtype=torch.long)
 
 
+def scratch_layout(*, total_q: int, total_k: int, heads: int, padded: int, dtype: torch.dtype,
+                   fp8_dtype: torch.dtype, partial_tiles: int, with_lse: bool,
+                   single_rows: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """Every buffer a run takes from the workspace, as (name, shape, dtype) regions.
+
+    The fp8 copies carry the padded heads; `staging` is the float32 image of one input at
+    a time (the quantization divides in float32, as `fp8.quantize_fp8` does), later reused
+    for the one-piece groups of the lse routing. A layout with more of every region is
+    never smaller, which `AiterKernel.workspace_layout` relies on for its bound.
+    """
+    f32 = torch.float32
+    staging = max(max(total_q, total_k) * heads * DQK, single_rows * padded * DV, 1)
+    layout = [
+        ("partial_out", (max(partial_tiles, 1) * TILE_Q, padded, DV), f32),
+        ("partial_lse", (max(partial_tiles, 1) * TILE_Q, padded), f32),
+        ("q8", (total_q, padded, DQK), fp8_dtype),
+        ("k8", (total_k, padded, DQK), fp8_dtype),
+        ("v8", (total_k, padded, DV), fp8_dtype),
+        ("staging", (staging,), f32),
+        ("amax", (3,), dtype),
+        ("scales", (3,), f32),
+        ("zero", (3,), torch.bool),
+    ]
+    if padded != heads:
+        layout.append(("target", (total_q, padded, DV), dtype))
+    if with_lse:
+        layout.append(("final_lse", (total_q, padded), f32))
+    if single_rows:
+        layout.append(("single", (single_rows, padded, DV), dtype))
+    return layout
+
+
+def _quantize_into(x: torch.Tensor, dst: torch.Tensor, staging: torch.Tensor,
+                   scale: torch.Tensor, limit: float, heads: int) -> None:
+    """`fp8.quantize_fp8`'s values (x.float() / scale, clamped, cast) written into `dst`
+    [T, padded, D] through `staging`, allocating nothing; padded heads get 0."""
+    if x.shape[0]:
+        buf = staging[: x.numel()].view(x.shape)
+        buf.copy_(x)
+        buf.div_(scale)
+        buf.clamp_(-limit, limit)
+        dst[:, :heads].copy_(buf)
+    if dst.shape[1] != heads:
+        # the shared workspace holds other runs' bytes there
+        dst[:, heads:].zero_()
+
+
 @dataclass
 class AiterMetadata:
     """One batch's AITER metadata on the device, with the host values the run needs."""
@@ -102,6 +152,10 @@ class AiterMetadata:
     num_partial_tiles: int
     max_seqlen_q: int
     empty_rows: torch.Tensor | None
+    #: query tiles of the batch (the lse routing adds at most one piece per tile)
+    num_tiles: int = 0
+    #: one-piece groups of the host lse routing, copied by the provider after the reduce
+    single: SinglePieces | None = None
     #: host buffers the non-blocking copies read from: kept alive with the metadata
     host: list = field(default_factory=list)
 
@@ -164,12 +218,15 @@ def build_metadata(cq, ck, *, heads: int, causal: bool, with_lse: bool, device) 
         work_indptr=dev(work_indptr), work_info=dev(work_info), reduce_indptr=dev(reduce_indptr),
         reduce_final_map=dev(reduce_final_map), reduce_partial_map=dev(reduce_partial_map),
         num_partial_tiles=num_partial, max_seqlen_q=max_q, empty_rows=dev(empty_rows),
+        num_tiles=sum(-(-n // TILE_Q) for n in lens_q),
         host=keep + ([empty_rows] if empty_rows is not None else []),
     )
-    if pieces is not None:
+    if pieces is not None and pieces[0].numel():
+        # kept on the metadata, not registered for the reduce drop-in: the provider copies
+        # them itself, through the workspace
         out_rows, partial_rows = (host(p.tolist(), dtype=torch.long) for p in pieces)
         meta.host += [out_rows, partial_rows]
-        register_single_pieces(meta.reduce_indptr, SinglePieces(dev(out_rows), dev(partial_rows), num_partial))
+        meta.single = SinglePieces(dev(out_rows), dev(partial_rows), num_partial)
     return meta
 
 
@@ -289,7 +346,8 @@ class AiterKernel(Kernel):
     # -- planning ------------------------------------------------------------------------
     def build_plan(self, request):
         """The core plan (for the fields every plan has) with AITER's metadata in
-        `extra["aiter"]`: planned once here, for every layer that runs the batch."""
+        `extra["aiter"]`: planned once here, for every layer that runs the batch. Its
+        `workspace_bytes` covers a run with and without lse (`workspace_layout`)."""
         plan = super().build_plan(request)
         status = probe_aiter()
         heads = padded_heads(request.num_heads, status.reduce_router()) or request.num_heads
@@ -298,7 +356,29 @@ class AiterKernel(Kernel):
         data.get(False)
         extra = dict(getattr(plan, "extra", None) or {})
         extra["aiter"] = data
-        return replace(plan, extra=extra)
+        plan = replace(plan, extra=extra)
+        nbytes = workspace_size(self.workspace_layout(
+            plan, fp8=True, num_heads=request.num_heads, head_dim_v=request.head_dim_v,
+            fp8_dtype=fp8_dtype_for(plan.device)))
+        return replace(plan, workspace_bytes=nbytes + ALIGN)
+
+    def workspace_layout(self, plan, *, fp8: bool, num_heads: int, head_dim_v: int,
+                         fp8_dtype: torch.dtype) -> list:
+        """For a plan with AITER's metadata: a layout at least as large as a run needs with
+        or without lse, so a workspace of `plan.workspace_bytes` serves both. Only the
+        metadata without lse is planned here; with lse a tile that one workgroup finishes
+        gets a piece of its own (the host routing; AITER's need_lse planner as modelled in
+        tests/fakes), so at most one more piece per tile. Should a run need more, a shared
+        workspace grows and a caller's buffer is refused by `carve`, naming the sizes."""
+        data = (getattr(plan, "extra", None) or {}).get("aiter")
+        if not isinstance(data, AiterPlanData):
+            return super().workspace_layout(plan, fp8=fp8, num_heads=num_heads,
+                                            head_dim_v=head_dim_v, fp8_dtype=fp8_dtype)
+        meta = data.get(False)
+        return scratch_layout(
+            total_q=plan.total_q, total_k=plan.total_k, heads=num_heads, padded=data.key[2],
+            dtype=plan.dtype, fp8_dtype=fp8_dtype, with_lse=True, single_rows=plan.total_q,
+            partial_tiles=meta.num_partial_tiles + meta.num_tiles)
 
     def _plan_data(self, inputs: PrefillInputs, plan, heads: int) -> AiterPlanData:
         data = (getattr(plan, "extra", None) or {}).get("aiter") if plan is not None else None
@@ -312,9 +392,41 @@ class AiterKernel(Kernel):
             raise ValueError(f"cu_seqlens_q: {reason}; run this batch with kernel='triton' or 'torch'")
         return plan_data(host[0], host[1], heads, inputs.causal, inputs.device)
 
+    def _scratch(self, inputs: PrefillInputs, plan, meta: AiterMetadata, padded: int,
+                 workspace: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Views of the workspace for `meta`'s run, made once per (plan, lse mode, buffer)."""
+        key = ("aiter_scratch", meta.with_lse)
+        # a framework may hand a new view of the same memory on every call: compare the memory
+        where = None if workspace is None else (
+            workspace.data_ptr() if isinstance(workspace, torch.Tensor) else id(workspace),
+            workspace.numel() if isinstance(workspace, torch.Tensor) else 0)
+        memo = plan.memo.get(key)
+        if (memo is not None and memo[0] is meta and memo[1] == where and memo[2] == inputs.dtype
+                and memo[3] == inputs.fp8_dtype):
+            shared = memo[4]
+            if shared is None or shared.generation == memo[5]:
+                return memo[6]
+        layout = scratch_layout(
+            total_q=inputs.q.shape[0], total_k=inputs.k.shape[0], heads=inputs.num_heads,
+            padded=padded, dtype=inputs.dtype, fp8_dtype=inputs.fp8_dtype,
+            partial_tiles=meta.num_partial_tiles, with_lse=meta.with_lse,
+            single_rows=0 if meta.single is None else meta.single.out_rows.numel())
+        if workspace is None:
+            shared = get_workspace(inputs.device)
+            views = carve(shared.get(workspace_size(layout)), layout)
+            generation = shared.generation
+        else:
+            shared, generation = None, 0
+            views = carve(workspace, layout, name="workspace", device=inputs.device)
+        plan.memo[key] = (meta, where, inputs.dtype, inputs.fp8_dtype, shared, generation, views)
+        return views
+
     # -- work ----------------------------------------------------------------------------
     def run(self, inputs: PrefillInputs, plan, out: torch.Tensor, lse: torch.Tensor | None,
             workspace: torch.Tensor | None = None) -> None:
+        """Quantize into the workspace, AITER's prefill and reduce, the provider's fixes.
+        Every buffer is a view of the workspace (or `out` / `lse`): a call allocates
+        nothing of its own (the torch ops' internal scratch, e.g. a reduction's, aside)."""
         import aiter
 
         status = probe_aiter()
@@ -324,34 +436,42 @@ class AiterKernel(Kernel):
             raise ValueError(f"q: found {heads} heads, which AITER's FP8 prefill cannot run "
                              "(see AiterKernel.extra_reasons)")
         meta = self._plan_data(inputs, plan, padded).get(lse is not None)
+        ws = self._scratch(inputs, plan, meta, padded, workspace)
         q, k, v = inputs.q, inputs.k, inputs.v
-        if padded != heads:
-            pad = (0, 0, 0, padded - heads)
-            q, k, v = (torch.nn.functional.pad(t, pad) for t in (q, k, v))
-        q8, q_scale = quantize_fp8(q, inputs.fp8_dtype)
-        k8, k_scale = quantize_fp8(k, inputs.fp8_dtype)
-        v8, v_scale = quantize_fp8(v, inputs.fp8_dtype)
-        device = q.device
-        rows = meta.partial_rows
-        split_out = torch.empty((rows, padded, 128), dtype=torch.float32, device=device)
-        split_lse = torch.empty((rows, padded), dtype=torch.float32, device=device)
+        limit = fp8_max(inputs.fp8_dtype)
+        # fp8.fp8_scale's per-tensor scales: the inf-norm is the NaN-aware amax, exact in
+        # the input dtype; 1 where a tensor is all zeros (or empty)
+        amax, scales, zero = ws["amax"], ws["scales"], ws["zero"]
+        for i, x in enumerate((q, k, v)):
+            if x.numel():
+                torch.linalg.vector_norm(x, float("inf"), out=amax[i])
+            else:
+                amax[i].zero_()
+        scales.copy_(amax)
+        scales.div_(limit)
+        torch.eq(scales, 0, out=zero)
+        scales.masked_fill_(zero, 1.0)
+        q8, k8, v8, staging = ws["q8"], ws["k8"], ws["v8"], ws["staging"]
+        for i, (x, dst) in enumerate(((q, q8), (k, k8), (v, v8))):
+            _quantize_into(x, dst, staging, scales[i], limit, heads)
+        split_out, split_lse = ws["partial_out"], ws["partial_lse"]
         direct = padded == heads
-        target = out if direct else torch.empty((out.shape[0], padded, 128), dtype=out.dtype, device=device)
+        target = out if direct else ws["target"]
         final_lse = None
         if lse is not None:
-            final_lse = lse if direct and lse.is_contiguous() else torch.empty(
-                (out.shape[0], padded), dtype=torch.float32, device=device)
+            final_lse = lse if direct and lse.is_contiguous() else ws["final_lse"]
         aiter.mla_prefill_ps_asm_fwd(
             q8, k8, v8, meta.cu_q, meta.cu_k, meta.kv_indices, meta.work_indptr, meta.work_info,
             meta.max_seqlen_q, inputs.softmax_scale, inputs.causal,
-            split_out, split_lse, target, q_scale, k_scale, v_scale,
+            split_out, split_lse, target, scales[0], scales[1], scales[2],
         )
         if meta.num_partial_tiles > 0:
-            # through the drop-in: it also copies the one-piece groups of the lse routing
             aiter_mla_reduce_v1(
                 split_out, split_lse, meta.reduce_indptr, meta.reduce_final_map,
                 meta.reduce_partial_map, TILE_Q, 0, target, final_lse,
             )
+            if meta.single is not None:
+                _copy_single_pieces(meta.single, split_out, split_lse, target, final_lse, ws)
         if not direct:
             out.copy_(target[:, :heads])
         if lse is not None and final_lse is not lse:
@@ -366,3 +486,19 @@ class AiterKernel(Kernel):
             inputs.partial_out, inputs.partial_lse, inputs.reduce_indptr, inputs.reduce_final_map,
             inputs.reduce_partial_map, inputs.tile_q, inputs.num_kv_splits, inputs.out, inputs.final_lse,
         )
+
+
+def _copy_single_pieces(single: SinglePieces, partial_out: torch.Tensor, partial_lse: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor | None, ws: dict) -> None:
+    """What `aiter._complete_single_pieces` does for the reduce drop-in (one-piece groups of
+    the host lse routing: output row <- partial row), through the workspace."""
+    n, heads, dv = single.out_rows.numel(), out.shape[1], out.shape[2]
+    picked = ws["staging"][: n * heads * dv].view(n, heads, dv)
+    torch.index_select(partial_out.view(-1, heads, dv), 0, single.partial_rows, out=picked)
+    cast = ws["single"]
+    cast.copy_(picked)
+    out.index_copy_(0, single.out_rows, cast)
+    if lse is not None:
+        picked_lse = ws["staging"][: n * heads].view(n, heads)
+        torch.index_select(partial_lse.view(-1, heads), 0, single.partial_rows, out=picked_lse)
+        lse.index_copy_(0, single.out_rows, picked_lse)
