@@ -15,6 +15,9 @@ import os
 
 from .settings import trace_path
 
+_TRACE_KEY = b"MLA_PLUGINS_TRACE"
+_POSIX = os.name == "posix"  # where os.environ keeps its variables as bytes in `_data`
+
 logger = logging.getLogger("mla_plugins.trace")
 
 #: trace paths already warned about: a prefill runs once per layer, so an unwritable path
@@ -36,7 +39,19 @@ def trace_context(framework: str, entry: str):
         _context.reset(token)
 
 
+def tracing() -> bool:
+    """Whether MLA_PLUGINS_TRACE is set now. Asked once per prefill call: on POSIX it reads
+    os.environ's own bytes mapping (what os.environ.get decodes, ~40x cheaper), so a late
+    os.environ / monkeypatch.setenv is seen as before."""
+    data = getattr(os.environ, "_data", None) if _POSIX else None
+    if type(data) is not dict:
+        return trace_path() is not None
+    return bool(data.get(_TRACE_KEY))
+
+
 def record_prefill(*, kernel: str, fp8: bool, q_tokens: int, k_tokens: int, heads: int) -> None:
+    if not tracing():
+        return
     framework, entry = _context.get() or ("direct", "mla_prefill")
     _append({"framework": framework, "entry": entry, "kernel": kernel, "fp8": fp8,
              "q_tokens": q_tokens, "k_tokens": k_tokens, "heads": heads})
