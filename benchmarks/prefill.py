@@ -255,6 +255,78 @@ def sweep(args):
         json.dump({"sweep": results, "env": environment()}, f, indent=1)
 
 
+VARIANT_SHAPES = ("B1-S8192-H128", "B8-S2048-H128", "B1-S16384-H16", "B4-S4096-H16", "B1-S1024-H16",
+                  "B16-S512-H16", "chunked-q512-k8192-H16", "varlen-H16")
+
+
+def variants(args):
+    """fp8 phase-1 variants side by side (the portable Triton kernel, the Gluon kernel at each
+    ring depth): error against float64 and TFLOP/s end to end and of the attention alone,
+    each with its own plan (tile_q = the variant's block_m)."""
+    from dataclasses import replace
+
+    from mla_plugins.core.kernels.triton_kernel import (
+        FP8_CONFIG,
+        GLUON_FP8_CONFIG,
+        run_prefill,
+        split_workers,
+    )
+    from mla_plugins.core.kernels.triton_reduce import reduce
+    from mla_plugins.core.plan import plan_prefill
+    from tests.gpu.conftest import make_inputs, reference_on_device, rel_err
+
+    device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    configs = {"triton 64x64 w4 s4": FP8_CONFIG}
+    for st, pp, pers in ((3, False, True), (3, True, True), (3, False, False), (4, False, False),
+                         (3, True, False)):
+        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers)
+        configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
+                f"{' persistent' if pers else ''}"] = cfg
+    shapes = {n: (lq, lk, h) for n, lq, lk, h in SHAPES}
+    shapes["varlen-H16"] = ([1024, 777, 300, 64, 1], [1024, 777, 300 + 129, 64, 1], 16)
+    names = args.shapes.split(",") if args.shapes else list(VARIANT_SHAPES)
+    rows = []
+    for name in names:
+        lq, lk, heads = shapes[name]
+        q, k, v, cq, ck = make_batch(lq, lk, heads, device)
+        fl = flops(lq, lk, heads)
+        ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
+        inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
+        for label, cfg in configs.items():
+            row = {"shape": name, "variant": label}
+            try:
+                workers = split_workers(lq, lk, heads, cfg.block_m, sms)
+                plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=cfg.block_m,
+                                    num_workers=workers)
+                out = torch.full((q.shape[0], heads, DV), float("nan"), dtype=q.dtype, device=device)
+                lse = torch.full((q.shape[0], heads), float("nan"), device=device)
+                po = torch.empty(max(plan.partial_rows(), 1), heads, DV, device=device)
+                pl = torch.empty(max(plan.partial_rows(), 1), heads, device=device)
+                run_prefill(inputs, plan, out, lse, po, pl, config=cfg)
+                if plan.num_partial_tiles:
+                    reduce(po, pl, plan.reduce_indptr, plan.reduce_final_map, plan.reduce_partial_map,
+                           plan.tile_q, out, lse)
+                torch.cuda.synchronize()
+                row["err"] = rel_err(out, ref)
+                row["nan"] = bool(torch.isnan(out).any().item() or torch.isnan(lse).any().item())
+                row["workers"] = workers
+                e2e, attn = time_ours(q, k, v, cq, ck, heads, True, plan, cfg)
+                row.update(e2e_ms=e2e, attn_ms=attn, e2e_tflops=fl / e2e / 1e9, attn_tflops=fl / attn / 1e9)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                traceback.print_exc()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"variants": rows, "env": environment(),
+                   "command": "PYTHONPATH=. python benchmarks/prefill.py " + " ".join(sys.argv[1:])},
+                  f, indent=1)
+
+
 def environment():
     import triton
 
@@ -570,6 +642,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/h200.json")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="fp8 phase-1 variants (Triton, Gluon per ring depth): error and TFLOP/s")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--serving-only", action="store_true",
                     help="only the 'serving' section (benchmarks/serving.py), merged into --out")
@@ -586,7 +660,7 @@ def main():
             json.dump(result, f, indent=1)
         return
     try:
-        (sweep if args.sweep else main_bench)(args)
+        (sweep if args.sweep else variants if args.variants else main_bench)(args)
     except Exception:
         traceback.print_exc()
         raise

@@ -27,11 +27,10 @@ def reference_attention(
     everything runs in float64 as without it.
     """
     if fp8_dtype is not None:
-        from .fp8 import block_dequantize, block_quantize
+        from .fp8 import block_fake_quantize_qkv
 
-        cq_h, ck_h = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-        q, k, v = (block_dequantize(*block_quantize(t.detach().cpu(), c, fp8_dtype))
-                   for t, c in ((q, cq_h), (k, ck_h), (v, ck_h)))
+        q, k, v = block_fake_quantize_qkv(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(),
+                                          cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), fp8_dtype)
     q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()

@@ -6,6 +6,8 @@ MLA_PLUGINS_FP8                       on forces FP8 prefill in the framework ada
 MLA_PLUGINS_SHIM                      off leaves the frameworks' built-in AITER call sites untouched
 MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL  vLLM: on keeps chunked prefill for MLA models on the CPU
 MLA_PLUGINS_TRACE                     file that every process appends one JSON line per prefill to
+MLA_PLUGINS_GLUON                     off keeps the portable Triton fp8 kernel on Hopper instead
+                                      of the Gluon one (default on)
 
 Every on/off variable is parsed here, by `flag`, with the same spellings (1/0, true/false,
 yes/no, on/off, any case, surrounding blanks ignored; unset or empty = the default). Any
@@ -31,6 +33,7 @@ FLAGS: dict[str, bool | None] = {
     "MLA_PLUGINS_FP8": None,
     "MLA_PLUGINS_SHIM": True,
     "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
+    "MLA_PLUGINS_GLUON": True,
 }
 
 _warned: set[tuple[str, str]] = set()
@@ -94,6 +97,11 @@ def cpu_chunked_prefill_requested() -> bool:
     return bool(
         flag("MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL", FLAGS["MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL"])
     )
+
+
+def gluon_enabled() -> bool:
+    """Whether the Hopper fp8 path may use the Gluon kernel (kernels/gluon_attention.py)."""
+    return bool(flag("MLA_PLUGINS_GLUON", FLAGS["MLA_PLUGINS_GLUON"]))
 
 
 def trace_path() -> str | None:

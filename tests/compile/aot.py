@@ -50,6 +50,12 @@ class Spec:
     num_warps: int
     num_stages: int = 2
     notes: str = ""
+    #: `ASTSource` attrs: argument index -> [["tt.divisibility", 16]] (what a launch specializes)
+    attrs: dict | None = None
+    gluon: bool = False
+    maxnreg: int | None = None
+    #: warps a CTA holds when warp-specialized partitions add their own (in warpgroups of 4)
+    total_warps: int | None = None
 
 
 @dataclass
@@ -116,12 +122,47 @@ def quant_specs(arch: str) -> list[Spec]:
     fp8_name, _, fp8_max = FP8[arch]
     specs = []
     # pointer arguments of each quantization kernel (the rest are i32 or constexpr)
-    for name, ptrs, const in tq.COMPILE_SPECS:
+    for name, ptrs, const, divisible in tq.COMPILE_SPECS:
         fn = getattr(tq, name)
         types = {n: t.replace("FP8", fp8_name) for n, t in ptrs.items()}
         const = {k: (fp8_max if v == "FP8_MAX" else v) for k, v in const.items()}
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
         specs.append(Spec(name.strip("_").replace("_kernel", ""), arch, fn, _sig(fn, types, "i32"),
-                          const, tq.NUM_WARPS))
+                          const, tq.NUM_WARPS, attrs=attrs))
+    return specs
+
+
+def gluon_specs(arch: str) -> list[Spec]:
+    """The Gluon fp8 kernel (Hopper only: wgmma and TMA), at every ring depth the host takes."""
+    if arch != "sm_90":
+        return []
+    from triton.experimental.gluon import language as gl
+
+    from mla_plugins.core.kernels import gluon_attention as ga
+    from mla_plugins.core.kernels.triton_kernel import GLUON_FP8_CONFIG
+
+    fn, bn = ga.mla_prefill_fp8_kernel, GLUON_FP8_CONFIG.block_n
+    f8 = gl.float8e4nv
+    lay = {n: gl.NVMMASharedLayout.get_default_for(s, f8)
+           for n, s in (("KN", [bn, 128]), ("KR", [bn, 64]), ("VT", [128, bn]))}
+    types = {"Q": "*bf16", "Out": "*bf16", "Lse": "*fp32", "PartO": "*fp32", "PartLse": "*fp32",
+             "WorkInfo": "*i32", "Scales": "*fp32", "qk_scale": "fp32",
+             "KN": f"tensordesc<fp8e4nv[{bn}, 128],{lay['KN']!r}>",
+             "KR": f"tensordesc<fp8e4nv[{bn}, 64],{lay['KR']!r}>",
+             "VT": f"tensordesc<fp8e4nv[128, {bn}],{lay['VT']!r}>"}
+    specs = []
+    cfg = GLUON_FP8_CONFIG
+    # the default, then the variants a TileConfig can ask for (benchmarks/prefill.py --variants)
+    variants = [(cfg.num_stages, cfg.pingpong, cfg.persistent), (4, False, False),
+                (3, True, False), (3, False, True)]
+    for stages, pingpong, persistent in variants:
+        const = {"FP8_MAX": 448.0, "KV_DTYPE": f8, "P_SHIFT": 8.0, "BLOCK_M": cfg.block_m,
+                 "BLOCK_N": bn, "NUM_STAGES": stages, "CONSUMER_REGS": ga.CONSUMER_REGS,
+                 "PRODUCER_REGS": ga.PRODUCER_REGS, "PINGPONG": pingpong, "PERSISTENT": persistent}
+        name = (f"gluon attention fp8 {cfg.block_m}x{bn} s{stages} ws"
+                + (" pingpong" if pingpong else "") + (" persistent" if persistent else ""))
+        specs.append(Spec(name, arch, fn, _sig(fn, types, "i32"), const, ga.NUM_WARPS, gluon=True,
+                          maxnreg=ga.MAXNREG, total_warps=ga.TOTAL_WARPS))
     return specs
 
 
@@ -138,7 +179,8 @@ def reduce_specs(arch: str) -> list[Spec]:
 
 
 def all_specs(archs=tuple(TARGETS)) -> list[Spec]:
-    return [s for a in archs for s in attention_specs(a) + quant_specs(a) + reduce_specs(a)]
+    return [s for a in archs
+            for s in attention_specs(a) + quant_specs(a) + reduce_specs(a) + gluon_specs(a)]
 
 
 def _tool(name: str) -> str:
@@ -157,9 +199,15 @@ def _cuda_occupancy(regs: int, threads: int, shared: int) -> str:
 
 
 def compile_spec(spec: Spec) -> Result:
-    src = ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs)
-    k = triton.compile(src, target=TARGETS[spec.arch],
-                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    if spec.gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    else:
+        source = ASTSource
+    src = source(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=spec.attrs)
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg:
+        options["maxnreg"] = spec.maxnreg
+    k = triton.compile(src, target=TARGETS[spec.arch], options=options)
     res = Result(spec, shared=int(getattr(k.metadata, "shared", 0) or 0))
     if "amdgcn" in k.asm:
         text = k.asm["amdgcn"]
@@ -186,7 +234,8 @@ def compile_spec(spec: Spec) -> Result:
         res.stack = int(re.search(r"STACK:(\d+)", usage).group(1))
         res.spills = len(re.findall(r"\bSTL(?:\.\w+)*\b", sass))
         res.extra["wgmma"] = len(re.findall(r"\b[HQ]GMMA\b", sass))
-        res.occupancy = _cuda_occupancy(res.regs, spec.num_warps * 32, res.shared)
+        res.occupancy = _cuda_occupancy(res.regs, (spec.total_warps or spec.num_warps) * 32,
+                                        res.shared)
     return res
 
 

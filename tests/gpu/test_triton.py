@@ -26,6 +26,22 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton]  # skips come from tests/conf
 CASES = LENGTH_CASES
 
 
+@pytest.fixture(autouse=True, params=["portable", "gluon"])
+def phase1(request, monkeypatch, device):
+    """Every test twice: the portable Triton kernel, and (Hopper) the Gluon fp8 kernel for
+    every batch (its length threshold at 0), so short test batches reach it too."""
+    from mla_plugins.core.kernels import triton_kernel as tk
+
+    if request.param == "gluon":
+        reasons = tk.gluon_reasons(torch.device(device))
+        if reasons:
+            pytest.skip("; ".join(reasons))
+        monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", 0)
+    else:
+        monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", float("inf"))
+    return request.param
+
+
 def check(out, lse, ref_out, ref_lse, tol):
     return check_attention(out, lse, ref_out, ref_lse, tol, error=rel_err)
 
@@ -113,7 +129,7 @@ def test_large_magnitude_no_nan(fp8, device):
 def test_quantization_matches_core_rule(dtype, device):
     """The one-pass block quantization gives exactly core/fp8.py's fp8 values and scales,
     v transposed into its 16-aligned per-sequence columns."""
-    from mla_plugins.core.fp8 import block_quantize
+    from mla_plugins.core.fp8 import KV_BLOCK, block_quantize
     from mla_plugins.core.kernels import triton_quant as tq
 
     lens = [333, 0, 64, 517]
@@ -122,15 +138,15 @@ def test_quantization_matches_core_rule(dtype, device):
     fp8 = torch.float8_e4m3fn
     cu = ck.tolist()
     k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), fp8)
-    rk, sk = block_quantize(k.cpu(), cu, fp8)
-    rv, sv = block_quantize(v.cpu(), cu, fp8)
+    rk, sk = block_quantize(k.cpu(), cu, fp8, block=KV_BLOCK)
+    rv, sv = block_quantize(v.cpu(), cu, fp8, block=KV_BLOCK)
     assert torch.equal(k8.cpu().view(torch.uint8), rk.view(torch.uint8))
     vt, scales = vt8.cpu(), scales.cpu()
     for b in range(len(lens)):
         cols = torch.arange(cu[b], cu[b + 1]) - cu[b] % 16 + 16 * b
         got = vt[:, cols].reshape(5, 128, -1).permute(2, 0, 1)
         assert torch.equal(got.contiguous().view(torch.uint8), rv[cu[b]:cu[b + 1]].view(torch.uint8))
-        for t in range(cu[b], cu[b + 1], 64):
+        for t in range(cu[b], cu[b + 1], KV_BLOCK):
             c = (t - cu[b] % 16 + 16 * b) // 16
             assert torch.equal(scales[1, :, c], sv[t]) and torch.equal(scales[0, :, c].isnan(), sk[t].isnan())
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mla_plugins
-from mla_plugins.core.fp8 import BLOCK, block_quantize, block_scales
+from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_quantize, block_scales
 from mla_plugins.core.reference import reference_attention, relative_error
 from tests.core.helpers import FP8_TOL, cu_seqlens, poisoned, random_batch
 
@@ -34,7 +34,7 @@ def _poison(q, k, v, cq, ck):
 
 
 def _run(kernel, q, k, v, cq, ck, dtype):
-    plan = mla_plugins.plan_prefill(cq, ck, num_heads=q.shape[1], tile_q=64, kv_granularity=64,
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=q.shape[1], tile_q=64, kv_granularity=128,
                                     num_workers=1)
     out = poisoned((q.shape[0], q.shape[1], 128), dtype)
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, out=out, return_lse=True,
@@ -75,8 +75,9 @@ def test_triton_kernel_isolates_sequences(monkeypatch):
     _isolation("triton", torch.float16)
 
 
-def test_block_scales_follow_the_rule():
-    """One scale per (64-row block from each sequence's start, head): checked block by block."""
+@pytest.mark.parametrize("block", [Q_BLOCK, KV_BLOCK])
+def test_block_scales_follow_the_rule(block):
+    """One scale per (block of `block` rows from each sequence's start, head): checked block by block."""
     x = torch.randn(300, 3, 16) * torch.rand(300, 3, 1) * 10
     cu = [0, 40, 40, 230, 300]
     x[100, 2, 5] = float("nan")
@@ -84,19 +85,19 @@ def test_block_scales_follow_the_rule():
     x[200:230, 0] = 0.0
     x[192:200, 0] = 0.0  # block 2 of sequence 2 (rows 168..230, head 0): all zero -> scale 1
     x[168:192, 0] = 0.0
-    s = block_scales(x, cu, FP8)
+    s = block_scales(x, cu, FP8, block=block)
     for a, b in zip(cu, cu[1:], strict=False):
-        for r0 in range(a, b, BLOCK):
-            blk = x[r0 : min(r0 + BLOCK, b)]
+        for r0 in range(a, b, block):
+            blk = x[r0 : min(r0 + block, b)]
             for h in range(3):
                 amax = blk[:, h].abs().amax()
                 want = 1.0 if amax == 0 else amax / 448.0
-                got = s[r0 : min(r0 + BLOCK, b), h]
+                got = s[r0 : min(r0 + block, b), h]
                 if torch.isnan(torch.as_tensor(want)):
                     assert torch.isnan(got).all()
                 else:
                     assert (got == torch.as_tensor(want, dtype=torch.float32)).all(), (a, r0, h)
-    q8, _ = block_quantize(x, cu, FP8)
+    q8, _ = block_quantize(x, cu, FP8, block=block)
     assert torch.isfinite(q8.float()).all(), "stored fp8 values must stay finite (NaN -> 0)"
 
 
@@ -122,8 +123,8 @@ def test_triton_quant_layout_and_scales():
     k[40, 1, 2] = float("nan")
     cu = ck.tolist()
     k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), torch.float16, 448.0)
-    rk, sk = block_quantize(k, cu, FP8)
-    rv, sv = block_quantize(v, cu, FP8)
+    rk, sk = block_quantize(k, cu, FP8, block=KV_BLOCK)
+    rv, sv = block_quantize(v, cu, FP8, block=KV_BLOCK)
     exp_k = (k.float() / sk[..., None]).nan_to_num(nan=0.0).clamp(-448, 448).half()
     assert torch.equal(k8, exp_k)
     exp_v = (v.float() / sv[..., None]).nan_to_num(nan=0.0).clamp(-448, 448).half()
@@ -131,7 +132,7 @@ def test_triton_quant_layout_and_scales():
         for t in range(cu[b], cu[b + 1]):
             col = t - cu[b] % 16 + 16 * b
             assert torch.equal(vt8[:, col].view(heads, 128), exp_v[t]), (b, t)
-            if (t - cu[b]) % BLOCK == 0:
+            if (t - cu[b]) % KV_BLOCK == 0:
                 for h in range(heads):
                     got_k, got_v = scales[0, h, col // 16], scales[1, h, col // 16]
                     assert torch.equal(got_k, sk[t, h]) or (torch.isnan(got_k) and torch.isnan(sk[t, h]))

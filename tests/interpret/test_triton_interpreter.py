@@ -63,7 +63,7 @@ def test_fp8_path_matches_float64(case, causal, monkeypatch):
     lens_q, lens_k = CASES[case]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 2, dtype=torch.float16, scale=4.0)
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=causal, tile_q=128,
-                                    kv_granularity=64, num_workers=5)
+                                    kv_granularity=128, num_workers=5)
     out = poisoned((q.shape[0], 2, 128), torch.float16)
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, causal=causal, fp8=True, out=out,
                                      return_lse=True, plan=plan, kernel="triton")
@@ -78,7 +78,11 @@ def test_fp8_path_matches_float64(case, causal, monkeypatch):
 def test_fp8_plan_must_align_with_scale_blocks():
     q, k, v, cq, ck = random_batch([100], [100], 2, dtype=torch.float16)
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, tile_q=96, kv_granularity=64)
-    with pytest.raises(ValueError, match="multiples of 64"):
+    with pytest.raises(ValueError, match="tile_q a multiple of 64 and kv_granularity a multiple of 128"):
+        mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, plan=plan, kernel="triton")
+    # tile_q fits, kv_granularity 64 splits a 128-key scale block: refused too
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, tile_q=64, kv_granularity=64)
+    with pytest.raises(ValueError, match="kv_granularity=64 found"):
         mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, plan=plan, kernel="triton")
 
 

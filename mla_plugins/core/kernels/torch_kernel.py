@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..fp8 import block_dequantize, block_quantize
+from ..fp8 import block_fake_quantize_qkv
 from ..reduce import torch_reduce
 from .base import Kernel, PrefillInputs, ReduceInputs
 
@@ -19,12 +19,12 @@ if TYPE_CHECKING:
     from ..plan import PrefillPlan
 
 
-def _compute_operand(x: torch.Tensor, inputs: PrefillInputs, cu_seqlens) -> torch.Tensor:
-    """float32 operand; in fp8, quantized and dequantized by core/fp8.py's block rule (one
-    scale per 64-row block of each sequence and head), as the Triton kernel computes."""
+def _compute_operands(inputs: PrefillInputs, cq, ck) -> tuple[torch.Tensor, ...]:
+    """float32 q, k, v; in fp8, quantized and dequantized by core/fp8.py's block rule, as
+    the Triton and Gluon kernels compute."""
     if inputs.fp8:
-        return block_dequantize(*block_quantize(x, cu_seqlens, inputs.fp8_dtype))
-    return x.float()
+        return block_fake_quantize_qkv(inputs.q, inputs.k, inputs.v, cq, ck, inputs.fp8_dtype)
+    return inputs.q.float(), inputs.k.float(), inputs.v.float()
 
 
 def attend_slice(
@@ -69,9 +69,7 @@ class TorchKernel(Kernel):
         partial_lse: torch.Tensor,
     ) -> None:
         cq, ck = plan.cu_seqlens_host
-        q = _compute_operand(inputs.q, inputs, cq)
-        k = _compute_operand(inputs.k, inputs, ck)
-        v = _compute_operand(inputs.v, inputs, ck)
+        q, k, v = _compute_operands(inputs, cq, ck)
         device = q.device
         for _, loc, q0, q1, kv0, kv1, kv_offset, heads in plan.work_info_cpu.tolist():
             h0, h1 = heads & 0xFFFF, heads >> 16

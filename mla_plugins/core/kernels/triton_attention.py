@@ -11,9 +11,9 @@ of the work), then the blocks on the causal diagonal / at `kv_end`, masked. A ro
 sees no key keeps `l = 0` and ends with out 0 and lse -inf; the max used for the
 exponent is 0 for such rows so nothing computes `-inf - -inf`.
 
-fp8: q is loaded in bf16/fp16 and cast in the kernel (one load per program); k, v come
-from `triton_quant.cast_kv` (v transposed). All three scales are read from the amax
-buffer on the device. P is cast to fp8 for the P @ V product with its exponent shifted
+fp8 (core/fp8.py's block rule): q is loaded in bf16/fp16 and cast in the kernel with the
+scale of the 64-row block it loads; k, v come from `triton_quant.quantize_kv` (v
+transposed), their scales per 128-key block from its scales buffer. P is cast to fp8 for the P @ V product with its exponent shifted
 by +8 (`P_SHIFT`, values up to 256 instead of 1), which keeps small probabilities out
 of the fp8 subnormal range at no cost (the shift cancels in out = acc / l and is taken
 off the lse).
@@ -127,8 +127,8 @@ if triton is not None:
         masked. fp8: each block's k scale multiplies its scores; acc is kept in units of the
         last block's v scale `c_v` (the rescale rides on alpha), so a block's v scale costs
         one multiply per row, not a second accumulator. `SBase` points at the k scale of
-        the item's first 64-key block (its v scale `ss_w` further); the next block's scales
-        are 4 entries on (a scale row has one entry per 16 columns). `vshift` moves a key
+        the item's first 128-key scale block (its v scale `ss_w` further); the next scale
+        block's are 8 entries on (a scale row has one entry per 16 columns). `vshift` moves a key
         row to its column of the transposed fp8 v (triton_quant).
         """
         p_ty = q_nope.dtype
@@ -187,7 +187,8 @@ if triton is not None:
 
         fp8: BLOCK_M is the 64-row query block of core/fp8.py and the host guarantees that
         tiles start at multiples of it from the sequence start; key blocks step from
-        `kv_start` (a multiple of 64 keys from the sequence start) by BLOCK_N <= 64.
+        `kv_start` (a multiple of 128 keys, the k/v scale block, from the sequence start)
+        by BLOCK_N dividing 128.
         """
         pid = tl.program_id(0)
         item = pid // num_sub

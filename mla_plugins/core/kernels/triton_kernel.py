@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..device import default_num_workers, device_arch, device_kind
+from . import triton_launch as tl_launch  # torch and the standard library only
 from .base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ INTERPRETER_BF16 = (
 _FP8_STORAGE: torch.dtype | None = None
 
 
+_HIP = bool(torch.version.hip)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -60,7 +64,11 @@ class TileConfig:
 
     block_m: query rows a program computes (the plan's tile_q is a multiple of it);
     block_n: keys per step of the online softmax; use_tma: k/v through tensor
-    descriptors (sm_90+); warp_spec: Triton's automatic warp specialization of the key loop.
+    descriptors (sm_90+); warp_spec: Triton's automatic warp specialization of the key loop;
+    gluon: the fp8 phase 1 in Gluon (`gluon_attention`, Hopper only: wgmma, TMA,
+    warp-specialized), which fixes block_m 128 and block_n 128; num_stages is its ring depth,
+    pingpong its two consumer warpgroups taking turns on the tensor cores, persistent one
+    CTA per SM looping over the work (else one CTA per unit).
     """
 
     block_m: int = 128
@@ -69,22 +77,92 @@ class TileConfig:
     num_stages: int = 3
     use_tma: bool = True
     warp_spec: bool = False
+    gluon: bool = False
+    pingpong: bool = False
+    persistent: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
 #: other archs: `default_config` (triton_attention.ARCH_CONFIGS)
 FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+#: Hopper fp8 (sm_90): the Gluon kernel
+GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=3, gluon=True)
+
+
+def gluon_reasons(device: torch.device) -> list[str]:
+    """Why the Gluon fp8 kernel cannot run on `device` (empty: it can)."""
+    from ..settings import gluon_enabled
+
+    if not gluon_enabled():
+        return ["MLA_PLUGINS_GLUON is off"]
+    if device.type != "cuda" or torch.version.hip or _interpreting():
+        return ["the Gluon kernel runs on NVIDIA GPUs only (not ROCm, the CPU or the interpreter)"]
+    cap = torch.cuda.get_device_capability(device)
+    if cap[0] != 9:
+        return [f"the Gluon kernel is written for Hopper (sm_90: wgmma); compute capability "
+                f"{cap[0]}.{cap[1]} found"]
+    if importlib.util.find_spec("triton.experimental.gluon") is None:
+        return ["this Triton has no triton.experimental.gluon (3.5+ needed)"]
+    return []
+
+
+#: where the Gluon kernel runs instead of the portable one (fp8, Hopper): batches whose
+#: 128-row query slices see long key ranges on average. The Gluon kernel (one CTA per SM,
+#: 12 warps) wins there; on short slices the portable kernel's two CTAs per SM hide each
+#: slice's prologue and epilogue. H200, attention alone (benchmarks/NOTES.md, variants run):
+#: mean keys per slice ~1100 (B8-S2048-H128) Gluon 0.76x, ~2100 (B4-S4096-H16) 0.97-0.98x,
+#: ~4200 (B1-S8192-H128) 1.15x, ~8300 (B1-S16384-H16) 1.11-1.16x, ~8000 (q512/k8192) 1.30x.
+GLUON_MIN_MEAN_KEYS = 3072
+
+
+def mean_keys_per_slice(cu_q, cu_k, causal: bool, rows: int = 128) -> float:
+    """Mean count of keys a `rows`-row query slice reaches (its last row's), over the batch."""
+    slices = keys = 0
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k, cu_k[1:], strict=False):
+        q, k = q1 - q0, k1 - k0
+        n = -(-q // rows)
+        slices += n
+        if not (n and causal):
+            keys += n * k
+        elif k >= q:  # slice i ends at row min(rows (i + 1), q): k - q more keys than rows
+            keys += rows * (n - 1) * n // 2 + (n - 1) * (k - q) + k
+        else:  # early rows see no key
+            keys += sum(max(0, min(k, rows * (i + 1) + k - q)) for i in range(n - 1)) + k
+    return keys / slices if slices else 0.0
 
 
 def default_config(device: torch.device, fp8: bool) -> TileConfig:
-    """The phase-1 configuration for this device's arch (chosen so it does not spill there)."""
+    """The portable kernel's phase-1 configuration for this device's arch (chosen so it does
+    not spill there); `batch_config` may pick the Gluon kernel instead."""
     if device_kind(device) != "rocm":
         return FP8_CONFIG if fp8 else BF16_CONFIG
     from .triton_attention import arch_config
 
     bm, bn, warps, stages = arch_config(device_arch(device) or "", fp8)
     return TileConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, use_tma=False)
+
+
+def batch_config(device: torch.device, fp8: bool, cu_q, cu_k, causal: bool) -> TileConfig:
+    """The phase-1 configuration for one batch: the Gluon kernel for fp8 on Hopper where the
+    batch's slices are long (GLUON_MIN_MEAN_KEYS), else `default_config`."""
+    if (fp8 and device_kind(device) == "cuda" and not gluon_reasons(device)
+            and mean_keys_per_slice(cu_q, cu_k, causal) >= GLUON_MIN_MEAN_KEYS):
+        return GLUON_FP8_CONFIG
+    return default_config(device, fp8)
+
+
+def _plan_config(plan: PrefillPlan, device: torch.device, fp8: bool) -> TileConfig:
+    """`batch_config` for a plan, once per plan and mode (the Gluon kernel only where the
+    plan's tiles are whole 128-row slices)."""
+    key = ("phase1_config", fp8)
+    config = plan.memo.get(key)
+    if config is None:
+        config = batch_config(device, fp8, *plan.cu_seqlens_host, plan.causal)
+        if config.gluon and plan.tile_q % config.block_m:
+            config = default_config(device, fp8)
+        plan.memo[key] = config
+    return config
 
 
 def _tl_fp8(fp8_dtype: torch.dtype):
@@ -131,7 +209,7 @@ def run_prefill(
     q, k, v = inputs.q, inputs.k, inputs.v
     device = q.device
     if config is None:
-        config = default_config(device, inputs.fp8)
+        config = _plan_config(plan, device, inputs.fp8)
     use_tma = config.use_tma and _can_tma(device)
     heads = inputs.num_heads
     if inputs.fp8:
@@ -159,6 +237,13 @@ def run_prefill(
         use_tma = False
     if inputs.k.shape[0] == 0:
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
+    if config.gluon and not use_tma:
+        # the Gluon kernel loads k/v only through TMA; the Triton kernel covers the rest
+        config = FP8_CONFIG
+    if config.gluon:
+        _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k_src, v_src,
+                      scales, vt_cols, fp8_max, kv_dtype, p_shift)
+        return
 
     bn = config.block_n
     if use_tma:
@@ -200,21 +285,76 @@ def run_prefill(
     )
 
 
-def check_fp8_plan(plan: PrefillPlan, config: TileConfig) -> None:
-    """fp8 applies one scale per 64-row query block and per 64-key block (core/fp8.py): the
-    plan's tiles and key splits, and the kernel's blocks, must line up with them."""
-    from ..fp8 import BLOCK
+def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k8, vt8, scales,
+                  vt_cols, fp8_max, kv_dtype, p_shift) -> None:
+    """Phase 1 through `gluon_attention.mla_prefill_fp8_kernel` (k8, vt8: quantize_kv's)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    if plan.tile_q % BLOCK or plan.kv_granularity % BLOCK:
+    from . import gluon_attention as ga
+    from . import triton_attention as ta
+    from . import triton_quant as tq
+
+    heads, bn = inputs.num_heads, config.block_n
+    kn_l, kr_l, vt_l = _gluon_layouts(bn, kv_dtype)
+    total_k, q = k8.shape[0], inputs.q
+    kd = TensorDescriptor(k8, [total_k, heads * 192], [k8.stride(0), 1], [bn, tq.NOPE], kn_l)
+    krd = TensorDescriptor(k8, [total_k, heads * 192], [k8.stride(0), 1], [bn, tq.ROPE], kr_l)
+    vd = TensorDescriptor(vt8, [heads * tq.DV, vt_cols], [vt8.stride(0), 1], [tq.DV, bn], vt_l)
+    num_sub = -(-plan.tile_q // config.block_m)
+    num_tiles = plan.num_items * num_sub
+    heads_pc = plan.num_heads // plan.num_clusters
+    num_units = num_tiles * heads_pc
+    # persistent: one CTA per SM (12 warps and ~150 KB of shared memory each)
+    grid = (max(1, min(num_units, default_num_workers(q.device))) if config.persistent
+            else num_units,)
+    lse_arg = lse if lse is not None else partial_lse
+    ga.mla_prefill_fp8_kernel[grid](
+        q, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales,
+        q.stride(0), q.stride(1), vt8.stride(0), scales.stride(0),
+        out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
+        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
+        inputs.softmax_scale * ta.LOG2E, num_units, num_tiles, num_sub, heads_pc, int(plan.causal),
+        int(lse is not None),
+        FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
+        NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
+        PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
+        num_warps=ga.NUM_WARPS,
+        maxnreg=ga.MAXNREG,
+    )
+
+
+@functools.cache
+def _gluon_layouts(bn: int, kv_dtype):
+    from triton.experimental.gluon import language as gl
+
+    return (gl.NVMMASharedLayout.get_default_for([bn, 128], kv_dtype),
+            gl.NVMMASharedLayout.get_default_for([bn, 64], kv_dtype),
+            gl.NVMMASharedLayout.get_default_for([128, bn], kv_dtype))
+
+
+def check_fp8_plan(plan: PrefillPlan, config: TileConfig) -> None:
+    """fp8 applies one scale per 64-row query block and per 128-key block (core/fp8.py): the
+    plan's tiles and key splits, and the kernel's blocks, must line up with them."""
+    from ..fp8 import KV_BLOCK, Q_BLOCK
+
+    if plan.tile_q % Q_BLOCK or plan.kv_granularity % KV_BLOCK:
         raise ValueError(
             f"plan: tile_q={plan.tile_q}, kv_granularity={plan.kv_granularity} found; the triton "
-            f"kernel's fp8 block scaling needs both multiples of {BLOCK}: plan with the kernel's "
-            "own parameters (kernel='triton') or pass such values to plan_prefill"
+            f"kernel's fp8 block scaling needs tile_q a multiple of {Q_BLOCK} and kv_granularity "
+            f"a multiple of {KV_BLOCK}: plan with the kernel's own parameters (kernel='triton') "
+            "or pass such values to plan_prefill"
         )
-    if config.block_m != BLOCK or BLOCK % config.block_n:
+    if config.gluon:
+        if (config.block_m, config.block_n) != (2 * Q_BLOCK, KV_BLOCK):
+            raise ValueError(
+                f"config: block_m={config.block_m}, block_n={config.block_n} found; the Gluon "
+                f"kernel computes block_m == {2 * Q_BLOCK} (two {Q_BLOCK}-row q blocks) and "
+                f"block_n == {KV_BLOCK} (one k/v scale block)"
+            )
+    elif config.block_m != Q_BLOCK or KV_BLOCK % config.block_n:
         raise ValueError(
             f"config: block_m={config.block_m}, block_n={config.block_n} found; fp8 needs "
-            f"block_m == {BLOCK} and block_n dividing {BLOCK}"
+            f"block_m == {Q_BLOCK} and block_n dividing {KV_BLOCK}"
         )
 
 
@@ -304,9 +444,10 @@ class TritonKernel(Kernel):
 
     # -- work -----------------------------------------------------------------------------
     def plan_params(self, inputs: PrefillInputs) -> dict:
-        config = default_config(inputs.device, inputs.fp8)
-        tile_q = config.block_m
         cq, ck = inputs.seqlens_host or (inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist())
+        # a plan made without naming the mode (fp8 None) may run fp8: plan for it
+        config = batch_config(inputs.device, inputs.fp8 is not False, cq, ck, inputs.causal)
+        tile_q = config.block_m
         q_lens = [b - a for a, b in zip(cq, cq[1:], strict=False)]
         k_lens = [b - a for a, b in zip(ck, ck[1:], strict=False)]
         sms = default_num_workers(inputs.device)
@@ -342,9 +483,7 @@ class TritonKernel(Kernel):
         """Quantize (fp8) into the workspace, phase 1, the reduce: the first call of a plan
         through the ordinary host code, recorded; later calls of the same layout replay the
         recorded launches (`triton_launch`), with no binder, descriptor or torch work."""
-        from . import triton_launch as tl_launch
-
-        if torch.version.hip and not self._rocm_warned:
+        if _HIP and not self._rocm_warned:
             self._warn_rocm(inputs.device)
         scratch, token = self.scratch_entry(inputs, plan, workspace)
         if plan.total_q == 0 or plan.num_items == 0:
@@ -370,7 +509,8 @@ class TritonKernel(Kernel):
         if memo is not None and memo[1] is not None and memo[0] == key:
             index = device.index
             ptrs = {"q": qp, "k": kp, "v": vp, "out": op, "lse": lp}
-            if torch.cuda.current_device() == index:
+            # torch.cuda.current_device() re-runs the lazy-init check on every call
+            if torch._C._cuda_getDevice() == index:
                 memo[1](index, ptrs)
             else:
                 with torch.cuda.device(index):
@@ -467,9 +607,9 @@ def _quantize_into_supported() -> bool:
 
 @functools.cache
 def _ensure_wrapped() -> None:
-    from . import triton_attention, triton_launch, triton_quant, triton_reduce
+    from . import gluon_attention, triton_attention, triton_launch, triton_quant, triton_reduce
 
-    triton_launch.wrap_kernels(triton_quant, triton_attention, triton_reduce)
+    triton_launch.wrap_kernels(triton_quant, triton_attention, triton_reduce, gluon_attention)
 
 
 class _on_device:
@@ -488,4 +628,4 @@ class _on_device:
         return False
 
 
-__all__ = ["BF16_CONFIG", "FP8_CONFIG", "TileConfig", "TritonKernel", "run_prefill", "split_workers"]
+__all__ = ["BF16_CONFIG", "FP8_CONFIG", "GLUON_FP8_CONFIG", "TileConfig", "TritonKernel", "run_prefill", "split_workers"]

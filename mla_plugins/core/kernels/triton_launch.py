@@ -214,9 +214,17 @@ class Recorder:
         desc_index = 0
         from triton.tools.tensor_descriptor import TensorDescriptor
 
+        desc_types = (TensorDescriptor,)
+        try:  # Gluon's host descriptor: the same fields make_tensordesc_arg reads
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+            desc_types += (GluonDescriptor,)
+        except ImportError:  # pragma: no cover - a Triton without Gluon
+            pass
+
         for sig, value in zip(signature, values, strict=True):
             if isinstance(sig, str) and sig.startswith("tensordesc"):
-                if not isinstance(value, TensorDescriptor):
+                if not isinstance(value, desc_types):
                     raise _NotReplayable("a tensordesc argument that is no host TensorDescriptor")
                 meta = desc_meta[desc_index] if desc_meta else None
                 desc_index += 1

@@ -1,10 +1,10 @@
 """Block-scaled FP8 quantization of k and v in one pass (`core/fp8.py`'s block rule).
 
-One program per (64-key block of a sequence, sequence, head; or a few heads in turn) loads
-its bf16 k [64, 192] and v [64, 128] once, takes the NaN-aware amax in registers and
+One program per (128-key block of a sequence, sequence, head; or a few heads in turn) loads
+its bf16 k [128, 192] and v [128, 128] once, takes the NaN-aware amax in registers and
 writes the fp8 values and the two scales: one read of bf16, one write of fp8, no separate
-amax pass over the tensors. v is transposed in registers and stored as [128, 64] tiles
-whose rows (64 tokens) start at 16-aligned columns, in 16-byte vectors. q is quantized inside
+amax pass over the tensors. v is transposed in registers and stored as [128, 128] tiles
+whose rows (128 tokens) start at 16-aligned columns, in 16-byte vectors. q is quantized inside
 the attention kernel (one scale per 64-row query block and head, from the tile it loads
 anyway), so q is never written.
 
@@ -13,7 +13,7 @@ Layouts written:
 - vt8 [H * 128, T_pad], v transposed (fp8 tensor-core products on Hopper read their second
   operand K-major, so P @ V wants tokens contiguous). Token t of sequence b sits in column
   `t - ck[b] % 16 + 16 * b` (`vt_column`): every sequence starts 16-aligned, which TMA
-  loads of fp8 need on the H200 (an unaligned start faults), and every 64-key block
+  loads of fp8 need on the H200 (an unaligned start faults), and every key block
   starts 16-aligned too. The columns between sequences are written as zeros;
 - scales [2, H, T_pad / 16] float32 (k, then v): the scale of head h's block whose first
   column is c sits at [., h, c / 16].
@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from ..fp8 import KV_BLOCK
+
 try:
     import triton
     import triton.language as tl
@@ -36,10 +38,10 @@ except ImportError:  # pragma: no cover - the provider reports "triton is not in
 
 #: nope + rope widths of the query/key head and the value head width this kernel handles
 NOPE, ROPE, DV = 128, 64, 128
-#: rows per scale block (core/fp8.py's BLOCK)
-SCALE_BLOCK = 64
+#: keys per k/v scale block (core/fp8.py's KV_BLOCK)
+SCALE_BLOCK = KV_BLOCK
 #: warps every quantization kernel launches with
-NUM_WARPS = 8
+NUM_WARPS = 16
 #: heads one quantization program handles in turn (the largest divisor of H up to this);
 #: with 4 warps or 2 heads the sm_90 build spills when strides are not known 16-divisible
 HEADS_PER_PROGRAM = 1
@@ -113,7 +115,7 @@ if triton is not None:
             vt_off = c_v[:, None] * vt_stride + t[None, :]
             for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
                 h = g * HEADS_PER_PROGRAM + hh
-                # one sweep: the whole 64-row block of this head is loaded once, its amax
+                # one sweep: the whole block of this head is loaded once, its amax
                 # taken in registers, then cast and stored (k first, then v: fewer live)
                 src = K + h.to(tl.int64) * sk_h + r0.to(tl.int64) * sk_t
                 kn = tl.load(src + k_off + c_nope[None, :], mask=ok, other=0.0).to(tl.float32)
@@ -127,7 +129,7 @@ if triton is not None:
                 x = tl.load(V + h.to(tl.int64) * sv_h + r0.to(tl.int64) * sv_t + v_off, mask=ok,
                             other=0.0).to(tl.float32)
                 s_v = scale_from_amax(nan_aware_amax(x), FP8_MAX)
-                # v transposed in registers: [128 features, 64 tokens], tokens contiguous
+                # v transposed in registers: [128 features, 128 tokens], tokens contiguous
                 vt = tl.trans(to_fp8(x, s_v, FP8_MAX, out_ty))
                 vrow = VT8 + (h * DV_C).to(tl.int64) * vt_stride + col0
                 tl.store(vrow + vt_off, vt, mask=col_ok)
@@ -143,11 +145,16 @@ if triton is not None:
                     tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
 
 
-#: (kernel, pointer argument types, constexprs) of every launch below, for tests/compile
-#: ("FP8" stands for the arch's fp8 type, "FP8_MAX" for its largest finite value)
+#: (kernel, pointer argument types, constexprs, arguments 16-divisible) of every launch
+#: below, for tests/compile ("FP8" stands for the arch's fp8 type, "FP8_MAX" for its largest
+#: finite value). The last are what Triton specializes at launch for the layouts the
+#: adapters pass (torch allocations, [T, H, D] rows of 192/128/256 features); another stride
+#: compiles another variant, correct but not checked for spills (at 16 warps it spills on
+#: sm_90: 64-bit address arithmetic per element).
 COMPILE_SPECS = [
     ("_quant_kv_kernel", {"K": "*bf16", "V": "*bf16", "K8": "*FP8", "VT8": "*FP8", "Scales": "*fp32",
-                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM}),
+                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM},
+     ("K", "V", "K8", "VT8", "Scales", "CuK", "sk_t", "sk_h", "sv_t", "sv_h", "vt_stride", "ss_w")),
 ]
 
 

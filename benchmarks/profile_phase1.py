@@ -1,0 +1,52 @@
+"""One shape's fp8 phase 1 (attention alone, pre-quantized k/v) for Nsight Compute.
+
+    ncu --clock-control none --kernel-name regex:mla_prefill --launch-skip 3 --launch-count 1 \\
+        --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \\
+        python benchmarks/profile_phase1.py --kernel gluon --shape B1-S16384-H16
+
+Runs the chosen phase-1 kernel four times (three warm-ups for ncu's --launch-skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    from prefill import SHAPES, make_batch
+
+    from mla_plugins.core.kernels import triton_quant as tq
+    from mla_plugins.core.kernels.triton_kernel import (
+        FP8_CONFIG,
+        GLUON_FP8_CONFIG,
+        run_prefill,
+    )
+    from mla_plugins.core.plan import plan_prefill
+    from tests.gpu.conftest import make_inputs
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", choices=["gluon", "triton"], default="gluon")
+    ap.add_argument("--shape", default="B1-S16384-H16")
+    args = ap.parse_args()
+    lq, lk, heads = {n: (q, k, h) for n, q, k, h in SHAPES}[args.shape]
+    cfg = GLUON_FP8_CONFIG if args.kernel == "gluon" else FP8_CONFIG
+    q, k, v, cq, ck = make_batch(lq, lk, heads, "cuda")
+    plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=cfg.block_m, num_workers=1)
+    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
+    quant = tq.quantize_kv(k, v, ck, len(lq), max(lk), torch.float8_e4m3fn)
+    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device="cuda")
+    po = torch.empty(1, heads, 128, device="cuda")
+    pl = torch.empty(1, heads, device="cuda")
+    for _ in range(4):
+        run_prefill(inputs, plan, out, None, po, pl, config=cfg, quantized=quant)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""Phase 1 of the fp8 prefill on Hopper, in Gluon: FA3's schedule, the Triton kernel's contract.
+
+Same inputs and outputs as `triton_attention.mla_prefill_kernel` on its fp8 path: the plan's
+work items, k and transposed v in block-scaled fp8 with their scales from
+`triton_quant.quantize_kv`, q cast in the kernel with one scale per 64-row block, lse for
+every row, bottom-right causal masking, partial rows for split tiles, the 192 = 128 + 64
+split of the query/key head as two products into the same scores.
+
+One CTA computes one `BLOCK_M` = 128-row slice of one work item for one head, in three
+warp-specialized partitions (`gl.warp_specialize`):
+- a producer warp issues the TMA loads of each 128-key block (k nope, k rope, v transposed;
+  one k and one v scale block of core/fp8.py) into a ring of `NUM_STAGES` shared-memory
+  stages, one `ready` mbarrier per stage;
+- two consumer warpgroups, one per 64-row q block (the block of core/fp8.py's scaling rule),
+  read every stage; each releases it (`empty`, two arrivals) once its P @ V is done. A
+  consumer keeps its q block in shared memory as the wgmma A operand and overlaps the
+  softmax of key block j with the P @ V product of block j - 1 (async wgmma: FA3's
+  intra-warpgroup pipelining). The two warpgroups synchronize with nothing but the stages,
+  so the warp schedulers run one's softmax under the other's tensor-core work.
+
+Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
+64K registers: 240 per consumer thread, 24 per producer thread.
+
+Both warpgroups consume every stage in the same order: a key block past one group's
+diagonal (the second group's rows reach 64 keys further) is computed masked to nothing.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton  # noqa: F401  (the package gate: gluon ships inside triton)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError:  # pragma: no cover - triton missing or without gluon
+    gluon = None
+
+#: query rows per CTA (two warpgroups of 64) and keys per step (one k/v scale block)
+BLOCK_M = 128
+BLOCK_N = 128
+NUM_STAGES = 3
+#: warps of the default partition (the first consumer); the launch's register cap
+NUM_WARPS = 4
+#: the CTA's warps: 4 + 4 consumers, the producer warp's warpgroup
+TOTAL_WARPS = 12
+MAXNREG = 168
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+
+if gluon is not None:
+    NOPE_G = gl.constexpr(128)
+    ROPE_G = gl.constexpr(64)
+    DV_G = gl.constexpr(128)
+    HALF_G = gl.constexpr(64)
+    LN2_G = gl.constexpr(0.6931471805599453)
+
+    @gluon.jit
+    def _nan_amax(x):
+        """max |x| over a 2D tile; NaN if any element is NaN (core/fp8.py's rule)."""
+        nans = gl.sum(gl.sum((x != x).to(gl.int32), 1), 0)
+        amax = gl.max(gl.max(gl.abs(x), 1), 0)
+        return gl.where(nans > 0, float("nan"), amax)
+
+    @gluon.jit
+    def _to_fp8(x, inv, FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr):
+        y = x.to(gl.float32) * inv
+        y = gl.where(y != y, 0.0, y)
+        return gl.minimum(gl.maximum(y, -FP8_MAX), FP8_MAX).to(KV_DTYPE)
+
+    @gluon.jit
+    def _softmax_block(s, m_i, l_i, scale, start, rows, kv_end, kv_offset, causal,
+                       MASKED, P_SHIFT: gl.constexpr, col_layout: gl.constexpr,
+                       BLOCK_N: gl.constexpr):
+        """Online-softmax step on one score block (log2 domain), as triton_attention's."""
+        if MASKED:
+            cols = start + gl.arange(0, BLOCK_N, layout=col_layout)
+            visible = cols[None, :] < kv_end
+            visible = visible & ((cols[None, :] <= rows[:, None] + kv_offset) | (causal == 0))
+            s = gl.where(visible, s * scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            # rows with nothing visible yet keep m = -inf; exponentiate against 0 instead
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - (m_use - P_SHIFT)[:, None])
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
+            m_use = m_new
+            p = gl.exp2(s * scale - (m_use - P_SHIFT)[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _rounds(num_units, PERSISTENT: gl.constexpr):
+        """Units this CTA takes: one, or every num_programs-th when persistent."""
+        if PERSISTENT:
+            return gl.cdiv(num_units - gl.program_id(0), gl.num_programs(0))
+        else:
+            return 1
+
+    @gluon.jit
+    def _unit_index(k, num_units, PERSISTENT: gl.constexpr):
+        """The CTA's k-th unit. Persistent: round k takes the next num_programs units,
+        zigzag (odd rounds in reverse CTA order), which with units in decreasing cost
+        evens out the sums (LPT-like) where a plain stride gives the first CTAs the most."""
+        if PERSISTENT:
+            g = gl.num_programs(0)
+            p = gl.program_id(0)
+            w = k * g + gl.where(k % 2 == 0, p, g - 1 - p)
+            # the last round is partial: a CTA whose zigzag slot lies past the end takes the
+            # slot its stride would give (within range by _rounds)
+            w = gl.where(w < num_units, w, k * g + p)
+        else:
+            w = gl.program_id(0)
+        return w
+
+    @gluon.jit
+    def _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: gl.constexpr):
+        """Work unit `w` (a BLOCK_M-row slice of a work item, one head): its plan fields and
+        key-block count (0 for a slice past its tile or a head past its cluster)."""
+        if PERSISTENT:
+            # slices in reverse plan order, every head of one before the next: the latest
+            # (longest, causal) rows of a sequence first, so the zigzag over CTAs balances
+            tile = num_tiles - 1 - w // heads_pc
+            hh = w % heads_pc
+        else:
+            # one CTA per unit, in launch order: neighbours read one head's k/v (L2 reuse)
+            tile = w % num_tiles
+            hh = w // num_tiles
+        item = tile // num_sub
+        wi = WorkInfo + item * 8
+        batch = gl.load(wi)
+        loc = gl.load(wi + 1)
+        qo_start = gl.load(wi + 2)
+        qo_end = gl.load(wi + 3)
+        kv_start = gl.load(wi + 4)
+        kv_end = gl.load(wi + 5)
+        kv_offset = gl.load(wi + 6)
+        head_range = gl.load(wi + 7)
+        head = (head_range & 0xFFFF) + hh
+        m0 = qo_start + (tile % num_sub) * BLOCK_M
+        valid = (head < (head_range >> 16)) & (m0 < qo_end)
+        if causal != 0:
+            hi = gl.minimum(kv_end, gl.minimum(m0 + BLOCK_M, qo_end) - 1 + kv_offset + 1)
+        else:
+            hi = kv_end
+        n_total = gl.where(valid, gl.cdiv(gl.maximum(hi - kv_start, 0), BLOCK_N), 0)
+        vshift = 16 * batch - kv_start % 16
+        sbase = Scales + head * (vt_stride // 16) + (kv_start + vshift) // 16
+        return (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total,
+                kv_start + vshift, sbase)
+
+    @gluon.jit
+    def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready,
+                      empty, turn, it0, Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t,
+                      spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start, qo_end, kv_start,
+                      kv_end, kv_offset, loc, head, n_total, causal, has_lse, qk_scale,
+                      FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+        """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
+
+        PINGPONG: the two warpgroups take turns issuing their products (FA3's schedule),
+        one `turn` mbarrier each: a group waits for its turn, issues S = q k^T (and the
+        previous block's P @ V), hands the turn over, then runs its softmax while the
+        other's products occupy the tensor cores. Without it both groups, fed by the same
+        stages, tend to run in lockstep: softmax against softmax, products against products.
+        Turns are counted over key blocks (the ring position `it`), the same for both groups.
+        """
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_G, 32])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+
+        # q block: load bf16, take its scale, cast, park in shared memory (wgmma A operand;
+        # the previous unit's products that read it have completed)
+        r0 = m0 + WG * HALF_G
+        rows_l = r0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(1, ld))
+        q_ok = (rows_l < qo_end)[:, None]
+        q_ptr = Q + rows_l.to(gl.int64)[:, None] * sq_t + head.to(gl.int64) * sq_h
+        qn = gl.load(q_ptr + gl.arange(0, NOPE_G, layout=gl.SliceLayout(0, ld))[None, :], mask=q_ok,
+                     other=0.0)
+        qr = gl.load(q_ptr + NOPE_G + gl.arange(0, ROPE_G, layout=gl.SliceLayout(0, ld))[None, :],
+                     mask=q_ok, other=0.0)
+        an = _nan_amax(qn).to(gl.float32)
+        ar = _nan_amax(qr).to(gl.float32)
+        amax = gl.where((an != an) | (ar != ar), float("nan"), gl.maximum(an, ar))
+        s_q = gl.where(amax == 0, 1.0, gl.div_rn(amax, FP8_MAX))
+        inv_q = 1.0 / s_q
+        q_n_smem.store(_to_fp8(qn, inv_q, FP8_MAX, KV_DTYPE))
+        q_r_smem.store(_to_fp8(qr, inv_q, FP8_MAX, KV_DTYPE))
+        fence_async_shared()
+        scale = qk_scale * s_q
+
+        rows = r0 + gl.arange(0, HALF_G, layout=row_s)
+        if causal != 0:
+            full_end = gl.minimum(kv_end, r0 + kv_offset + 1)
+        else:
+            full_end = kv_end
+        n_full = gl.maximum(full_end - kv_start, 0) // BLOCK_N
+
+        m_i = gl.full([HALF_G], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([HALF_G], gl.float32, row_s)
+        acc = gl.zeros([HALF_G, DV_G], gl.float32, o_layout)
+        zero_s = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
+        p8 = gl.zeros([HALF_G, BLOCK_N], KV_DTYPE, p_layout)
+        c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
+
+        if n_total > 0:
+            st = it0 % NUM_STAGES
+            mbarrier.wait(ready.index(st), (it0 // NUM_STAGES) & 1)
+            if PINGPONG:
+                # group 0's first wait passes on a fresh barrier (phase parity 1)
+                mbarrier.wait(turn.index(WG), (it0 + 1 - WG) & 1)
+            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)), zero_s,
+                                  use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - WG), count=1)
+            s_k = gl.load(SBase)
+            c_v = gl.load(SBase + ss_w)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start, rows, kv_end,
+                                                kv_offset, causal, n_full == 0, P_SHIFT, col_s,
+                                                BLOCK_N)
+            p8 = gl.convert_layout(p.to(KV_DTYPE), p_layout)
+
+        # each block's two scales are loaded one step ahead (their latency off the critical path)
+        SSTEP: gl.constexpr = BLOCK_N // 16
+        s_k_next = gl.load(SBase + SSTEP, mask=n_total > 1, other=1.0)
+        s_v_next = gl.load(SBase + ss_w + SSTEP, mask=n_total > 1, other=1.0)
+        for j in range(1, n_total):
+            s_k = s_k_next
+            s_v = s_v_next
+            s_k_next = gl.load(SBase + (j + 1) * SSTEP, mask=j + 1 < n_total, other=1.0)
+            s_v_next = gl.load(SBase + ss_w + (j + 1) * SSTEP, mask=j + 1 < n_total, other=1.0)
+            it = it0 + j
+            st = it % NUM_STAGES
+            mbarrier.wait(ready.index(st), (it // NUM_STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turn.index(WG), (it + 1 - WG) & 1)
+            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)), zero_s,
+                                  use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
+            prev = (it - 1) % NUM_STAGES
+            o_tok = warpgroup_mma(p8, vt_bufs.index(prev).permute((1, 0)), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - WG), count=1)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start + j * BLOCK_N,
+                                                rows, kv_end, kv_offset, causal, j >= n_full,
+                                                P_SHIFT, col_s, BLOCK_N)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(empty.index(prev), count=1)
+            # acc is kept in units of the last block's v scale (triton_attention's rule)
+            acc = acc * gl.convert_layout(alpha * (c_v / s_v), row_o)[:, None]
+            c_v = s_v
+            p8 = gl.convert_layout(p.to(KV_DTYPE), p_layout)
+
+        if n_total > 0:
+            last = (it0 + n_total - 1) % NUM_STAGES
+            o_tok = warpgroup_mma(p8, vt_bufs.index(last).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            mbarrier.arrive(empty.index(last), count=1)
+
+        seen = l_i > 0
+        inv = gl.where(seen, c_v / gl.where(seen, l_i, 1.0), 0.0)
+        lse = gl.where(seen, (m_i - P_SHIFT + gl.log2(gl.where(seen, l_i, 1.0))) * LN2_G,
+                       float("-inf"))
+        o = acc * gl.convert_layout(inv, row_o)[:, None]
+        rows_o = r0 + gl.arange(0, HALF_G, layout=row_o)
+        cols = gl.arange(0, DV_G, layout=col_o)
+        ok_o = (rows_o < qo_end)[:, None]
+        ok_s = rows < qo_end
+        if loc < 0:
+            o_ptr = Out + rows_o.to(gl.int64)[:, None] * so_t + head.to(gl.int64) * so_h + cols[None, :]
+            gl.store(o_ptr, o.to(Out.dtype.element_ty), mask=ok_o)
+            if has_lse != 0:
+                gl.store(Lse + rows.to(gl.int64) * sl_t + head * sl_h, lse, mask=ok_s)
+        else:
+            prow = (loc + rows_o - qo_start).to(gl.int64)
+            gl.store(PartO + prow[:, None] * spo_t + head.to(gl.int64) * spo_h + cols[None, :], o,
+                     mask=ok_o)
+            gl.store(PartLse + (loc + rows - qo_start).to(gl.int64) * spl_t + head * spl_h, lse,
+                     mask=ok_s)
+
+    @gluon.jit
+    def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                  turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                  Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
+                  PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
+                  FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+        it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
+        for k in range(_rounds(num_units, PERSISTENT)):
+            w = _unit_index(k, num_units, PERSISTENT)
+            (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
+             sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal,
+                            BLOCK_M, BLOCK_N, PERSISTENT)
+            if valid:
+                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn, it,
+                              Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
+                              PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end, kv_start,
+                              kv_end, kv_offset, loc, head, n_total, causal, has_lse, qk_scale,
+                              FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG)
+            it += n_total
+
+    @gluon.jit
+    def _producer(KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
+                  vt_stride, num_units, num_tiles, num_sub, heads_pc, causal,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  PERSISTENT: gl.constexpr):
+        nbytes: gl.constexpr = (KN.block_type.nbytes + KR.block_type.nbytes
+                                + VT.block_type.nbytes)
+        it = 0
+        for k in range(_rounds(num_units, PERSISTENT)):
+            w = _unit_index(k, num_units, PERSISTENT)
+            (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
+             sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal,
+                            BLOCK_M, BLOCK_N, PERSISTENT)
+            for j in range(n_total):
+                st = it % NUM_STAGES
+                # a fresh mbarrier counts as having completed phase 1: the first round passes
+                mbarrier.wait(empty.index(st), ((it // NUM_STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(st), nbytes)
+                row = kv_start + j * BLOCK_N
+                col = head * (NOPE_G + ROPE_G)
+                tma.async_copy_global_to_shared(KN, [row, col], ready.index(st), kn_bufs.index(st))
+                tma.async_copy_global_to_shared(KR, [row, col + NOPE_G], ready.index(st),
+                                                kr_bufs.index(st))
+                tma.async_copy_global_to_shared(VT, [head * DV_G, vcol0 + j * BLOCK_N],
+                                                ready.index(st), vt_bufs.index(st))
+                it += 1
+
+    @gluon.jit(do_not_specialize=["sl_t", "sl_h", "spl_t", "spl_h", "num_units", "num_tiles",
+                                  "num_sub", "heads_pc", "causal", "has_lse"])
+    def mla_prefill_fp8_kernel(
+        Q, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales,
+        sq_t, sq_h, vt_stride, ss_w, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
+        qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse,
+        FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+        PERSISTENT: gl.constexpr,
+    ):
+        """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
+        `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
+        slices of BLOCK_M rows; heads_pc = heads per cluster); num_warps = 4 (the first
+        consumer).
+
+        Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128 and BLOCK_N = 128, tiles
+        start at multiples of 64 rows and work items at multiples of 128 keys from their
+        sequence's start, v columns of a sequence start 16-aligned (triton_quant).
+        """
+        gl.static_assert(BLOCK_M == 2 * HALF_G)
+        gl.static_assert(BLOCK_N == 128)
+        qn_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_G, NOPE_G], KV_DTYPE)
+        qr_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_G, ROPE_G], KV_DTYPE)
+        q_n = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, NOPE_G], qn_layout)
+        q_r = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, ROPE_G], qr_layout)
+        kn_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_G], KN.layout)
+        kr_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, ROPE_G], KR.layout)
+        vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, DV_G, BLOCK_N], VT.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+
+        gl.warp_specialize([
+            (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                         turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                         Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
+                         PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
+                         FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
+            (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                         turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                         Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
+                         PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
+                         FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
+            (_producer, (KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
+                         vt_stride, num_units, num_tiles, num_sub, heads_pc, causal,
+                         BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
