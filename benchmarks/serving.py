@@ -86,7 +86,9 @@ def _graph_ms(fn, calls=CALLS, replays=5):
     return statistics.median(times)
 
 
-def _measure(fn, warm=5, repeats=3):
+def _measure(fn, warm=10, repeats=15):
+    """Median wall ms and host µs per call over `repeats` loops (the device VM's host clock
+    is noisy: single loops of the same code differed by 1.6x between runs)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()

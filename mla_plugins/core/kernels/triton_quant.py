@@ -45,6 +45,8 @@ NUM_WARPS = 16
 #: heads one quantization program handles in turn (the largest divisor of H up to this);
 #: with 4 warps or 2 heads the sm_90 build spills when strides are not known 16-divisible
 HEADS_PER_PROGRAM = 1
+#: sweeps over halves of a key block (1: the block held at once; see _quant_kv_kernel)
+PARTS = 2
 
 if triton is not None:
 
@@ -73,7 +75,7 @@ if triton is not None:
 
     @triton.jit
     def to_fp8(x, scale, FP8_MAX: tl.constexpr, out_ty: tl.constexpr):
-        y = tl.math.div_rn(x, scale)
+        y = tl.math.div_rn(x.to(tl.float32), scale)
         y = tl.where(y != y, 0.0, y)
         return tl.clamp(y, -FP8_MAX, FP8_MAX).to(out_ty)
 
@@ -81,9 +83,14 @@ if triton is not None:
     def _quant_kv_kernel(
         K, V, K8, VT8, Scales, CuK,
         sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
-        FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+        FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
     ):
-        """Grid (key blocks of the longest sequence, sequences, heads / HEADS_PER_PROGRAM)."""
+        """Grid (key blocks of the longest sequence, sequences, heads / HEADS_PER_PROGRAM).
+
+        PARTS = 1: the block's rows are loaded once, held, cast. PARTS = 2: two sweeps over
+        halves of the block, the first for the amax, the second (from L2) to cast, so a
+        program holds half the rows (fewer registers, more programs per SM).
+        """
         j = tl.program_id(0)
         b = tl.program_id(1)
         g = tl.program_id(2)
@@ -92,21 +99,17 @@ if triton is not None:
         r0 = k0 + j * SCALE_BLOCK_C
         if (r0 < k1) | ((j == 0) & (k0 == k1)):
             out_ty = K8.dtype.element_ty
+            SUB: tl.constexpr = SCALE_BLOCK_C // PARTS
             c_nope = tl.arange(0, NOPE_C)
             c_rope = tl.arange(0, ROPE_C)
             c_v = tl.arange(0, DV_C)
-            t = tl.arange(0, SCALE_BLOCK_C)
-            ok = (t < k1 - r0)[:, None]
+            t = tl.arange(0, SUB)
             # the block's first vt8 column and the next sequence's first column are both
             # multiples of 16 (vt_column); telling the compiler so lets the transposed store
             # write 16-byte vectors with a mask that is constant over each vector
             col0 = tl.multiple_of(k0 - k0 % 16 + 16 * b + j * SCALE_BLOCK_C, 16)
             next_start = tl.multiple_of(k1 - k1 % 16 + 16 * (b + 1), 16)
             vt_stride = tl.multiple_of(vt_stride, 16)
-            # columns of this block past the sequence's end get the zeros of the masked loads
-            # (the gap up to the next sequence's first column, which a tile of the last keys
-            # reads masked); the columns of the next sequence are left alone
-            col_ok = (t < next_start - col0)[None, :]
             last = r0 + SCALE_BLOCK_C >= k1
             # scalar 64-bit bases, 32-bit offset tiles: fewer address registers
             k_off = t[:, None] * sk_t
@@ -115,24 +118,58 @@ if triton is not None:
             vt_off = c_v[:, None] * vt_stride + t[None, :]
             for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
                 h = g * HEADS_PER_PROGRAM + hh
-                # one sweep: the whole block of this head is loaded once, its amax
-                # taken in registers, then cast and stored (k first, then v: fewer live)
                 src = K + h.to(tl.int64) * sk_h + r0.to(tl.int64) * sk_t
-                kn = tl.load(src + k_off + c_nope[None, :], mask=ok, other=0.0).to(tl.float32)
-                kr = tl.load(src + NOPE_C + k_off + c_rope[None, :], mask=ok,
-                             other=0.0).to(tl.float32)
-                s_k = scale_from_amax(max_nan(nan_aware_amax(kn), nan_aware_amax(kr)), FP8_MAX)
+                vsrc = V + h.to(tl.int64) * sv_h + r0.to(tl.int64) * sv_t
                 dst = K8 + (r0.to(tl.int64) * heads + h) * (NOPE_C + ROPE_C)
-                tl.store(dst + k8_off + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty), mask=ok)
-                tl.store(dst + NOPE_C + k8_off + c_rope[None, :], to_fp8(kr, s_k, FP8_MAX, out_ty),
-                         mask=ok)
-                x = tl.load(V + h.to(tl.int64) * sv_h + r0.to(tl.int64) * sv_t + v_off, mask=ok,
-                            other=0.0).to(tl.float32)
-                s_v = scale_from_amax(nan_aware_amax(x), FP8_MAX)
-                # v transposed in registers: [128 features, 128 tokens], tokens contiguous
-                vt = tl.trans(to_fp8(x, s_v, FP8_MAX, out_ty))
                 vrow = VT8 + (h * DV_C).to(tl.int64) * vt_stride + col0
-                tl.store(vrow + vt_off, vt, mask=col_ok)
+                # values stay in the input dtype until the cast: the amax is exact there (a
+                # max of bf16/fp16 values is one of them) and they take half the registers
+                if PARTS == 1:
+                    ok = (t < k1 - r0)[:, None]
+                    kn = tl.load(src + k_off + c_nope[None, :], mask=ok, other=0.0)
+                    kr = tl.load(src + NOPE_C + k_off + c_rope[None, :], mask=ok, other=0.0)
+                    s_k = scale_from_amax(
+                        max_nan(nan_aware_amax(kn), nan_aware_amax(kr)).to(tl.float32), FP8_MAX)
+                    tl.store(dst + k8_off + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty),
+                             mask=ok)
+                    tl.store(dst + NOPE_C + k8_off + c_rope[None, :],
+                             to_fp8(kr, s_k, FP8_MAX, out_ty), mask=ok)
+                    x = tl.load(vsrc + v_off, mask=ok, other=0.0)
+                    s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
+                    # v transposed in registers: [128 features, SUB tokens], tokens contiguous;
+                    # columns past the sequence's end get the masked loads' zeros (the gap up
+                    # to the next sequence's first column); the next sequence's are left alone
+                    tl.store(vrow + vt_off, tl.trans(to_fp8(x, s_v, FP8_MAX, out_ty)),
+                             mask=(t < next_start - col0)[None, :])
+                else:
+                    a_k = tl.zeros([], dtype=tl.float32)
+                    a_v = tl.zeros([], dtype=tl.float32)
+                    for p in tl.static_range(PARTS):
+                        ok = (t < k1 - r0 - p * SUB)[:, None]
+                        kn = tl.load(src + p * SUB * sk_t + k_off + c_nope[None, :], mask=ok,
+                                     other=0.0)
+                        kr = tl.load(src + p * SUB * sk_t + NOPE_C + k_off + c_rope[None, :],
+                                     mask=ok, other=0.0)
+                        a_k = max_nan(a_k, max_nan(nan_aware_amax(kn), nan_aware_amax(kr)).to(
+                            tl.float32))
+                        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok, other=0.0)
+                        a_v = max_nan(a_v, nan_aware_amax(x).to(tl.float32))
+                    s_k = scale_from_amax(a_k, FP8_MAX)
+                    s_v = scale_from_amax(a_v, FP8_MAX)
+                    for p in tl.static_range(PARTS):
+                        ok = (t < k1 - r0 - p * SUB)[:, None]
+                        kn = tl.load(src + p * SUB * sk_t + k_off + c_nope[None, :], mask=ok,
+                                     other=0.0)
+                        kr = tl.load(src + p * SUB * sk_t + NOPE_C + k_off + c_rope[None, :],
+                                     mask=ok, other=0.0)
+                        d = dst + p * SUB * heads * (NOPE_C + ROPE_C)
+                        tl.store(d + k8_off + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty),
+                                 mask=ok)
+                        tl.store(d + NOPE_C + k8_off + c_rope[None, :],
+                                 to_fp8(kr, s_k, FP8_MAX, out_ty), mask=ok)
+                        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok, other=0.0)
+                        tl.store(vrow + p * SUB + vt_off, tl.trans(to_fp8(x, s_v, FP8_MAX, out_ty)),
+                                 mask=(t + p * SUB < next_start - col0)[None, :])
                 if last:
                     # the gap can reach 16 columns past the block (it is < 32 columns long)
                     tail = SCALE_BLOCK_C + tl.arange(0, 16)
@@ -153,7 +190,8 @@ if triton is not None:
 #: sm_90: 64-bit address arithmetic per element).
 COMPILE_SPECS = [
     ("_quant_kv_kernel", {"K": "*bf16", "V": "*bf16", "K8": "*FP8", "VT8": "*FP8", "Scales": "*fp32",
-                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM},
+                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM,
+                                     "PARTS": PARTS},
      ("K", "V", "K8", "VT8", "Scales", "CuK", "sk_t", "sk_h", "sv_t", "sv_h", "vt_stride", "ss_w")),
 ]
 
@@ -180,6 +218,7 @@ def quantize_kv(
     *,
     heads_per_program: int = HEADS_PER_PROGRAM,
     num_warps: int = NUM_WARPS,
+    parts: int = PARTS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]).
 
@@ -188,8 +227,8 @@ def quantize_kv(
     `cu_seqlens_k` int32 on k's device; `batch` and `max_seqlen_k` from the host (the plan),
     so nothing is read back from the device. `fp8_max` overrides the format's largest
     value (tests run the fp8 logic with fp16 storage in Triton's interpreter).
-    `heads_per_program` and `num_warps` are tuning knobs (benchmarks/quant_bench.py); the
-    outputs do not depend on them.
+    `heads_per_program`, `num_warps` and `parts` are tuning knobs; the outputs do not
+    depend on them.
     """
     total_k, heads = k.shape[0], k.shape[1]
     t_pad = vt_padded_len(total_k, batch)
@@ -208,6 +247,6 @@ def quantize_kv(
     _quant_kv_kernel[grid](
         k, v, k8, vt8, scales, cu_seqlens_k,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad, scales.stride(0), heads,
-        FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, num_warps=num_warps,
+        FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts, num_warps=num_warps,
     )
     return k8, vt8, scales
