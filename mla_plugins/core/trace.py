@@ -7,7 +7,6 @@ processes of a multi-process engine can share one file.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import logging
@@ -29,14 +28,27 @@ _context: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVa
 )
 
 
-@contextlib.contextmanager
-def trace_context(framework: str, entry: str):
-    """Label the mla_prefill calls made inside the block, e.g. ("vllm", "new_tokens")."""
-    token = _context.set((framework, entry))
-    try:
-        yield
-    finally:
-        _context.reset(token)
+class trace_context:  # noqa: N801 - used as a function: `with trace_context(...)`
+    """Label the mla_prefill calls made inside the block, e.g. ("vllm", "new_tokens").
+
+    Adapters enter it once per layer: when MLA_PLUGINS_TRACE is unset at entry it sets
+    nothing (a generator-based context manager cost ~1-2 µs per layer even then)."""
+
+    __slots__ = ("_label", "_token")
+
+    def __init__(self, framework: str, entry: str) -> None:
+        self._label = (framework, entry)
+        self._token = None
+
+    def __enter__(self) -> trace_context:
+        if tracing():
+            self._token = _context.set(self._label)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._token is not None:
+            _context.reset(self._token)
+            self._token = None
 
 
 def tracing() -> bool:

@@ -110,7 +110,8 @@ def config_reasons(
 
     Refused: no kernel can run it; the MLA_PLUGINS_KERNEL pin cannot run it; on a GPU
     platform, only the torch reference kernel could (unless pinned on purpose); FP8 under
-    VLLM_BATCH_INVARIANT (dynamic FP8 scales are taken over the whole batch).
+    VLLM_BATCH_INVARIANT (AITER's fp8 scales are per tensor over the batch, and on Hopper the
+    fp8 phase-1 kernel is chosen per batch).
     """
     what = (f"{num_heads} heads per rank, head dims qk {qk_head_dim} / v {v_head_dim}, "
             f"{str(dtype).removeprefix('torch.')}, {'fp8' if fp8 else 'no fp8'}, on {device}")
@@ -149,9 +150,10 @@ def config_reasons(
             )
     if batch_invariant and fp8:
         reasons.append(
-            "mla-plugins: VLLM_BATCH_INVARIANT=1 with FP8 prefill: the FP8 scales are taken over "
-            "the whole batch, so a sequence's result would depend on the batch; set "
-            "MLA_PLUGINS_FP8=0 (or use a bf16 KV cache) for batch-invariant serving"
+            "mla-plugins: VLLM_BATCH_INVARIANT=1 with FP8 prefill: AITER's FP8 scales are taken "
+            "over the whole batch and on Hopper the FP8 kernel is chosen per batch (by its query "
+            "lengths), so a sequence's result would depend on the batch; set MLA_PLUGINS_FP8=0 "
+            "(or use a bf16 KV cache) for batch-invariant serving"
         )
     return reasons
 
