@@ -15,8 +15,13 @@ warp-specialized partitions (`gl.warp_specialize`):
   read every stage; each releases it (`empty`, two arrivals) once its P @ V is done. A
   consumer keeps its q block in shared memory as the wgmma A operand and overlaps the
   softmax of key block j with the P @ V product of block j - 1 (async wgmma: FA3's
-  intra-warpgroup pipelining). The two warpgroups synchronize with nothing but the stages,
-  so the warp schedulers run one's softmax under the other's tensor-core work.
+  intra-warpgroup pipelining). The two warpgroups synchronize with nothing but the stages;
+  `PINGPONG` makes them take turns issuing their products (FA3's inter-warpgroup schedule),
+  which measured 1-3% slower here (benchmarks/NOTES.md).
+
+One CTA per unit by default (the hardware schedules them as CTAs finish); `PERSISTENT`
+launches one per SM looping over the units in a fixed zigzag order, which loses to that
+dynamic scheduling on causal batches of uneven units (NOTES).
 
 Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
 64K registers: 240 per consumer thread, 24 per producer thread.
