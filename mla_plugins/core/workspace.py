@@ -113,6 +113,16 @@ def next_token() -> int:
     return next(_tokens)
 
 
+def carve_views(layout, workspace: torch.Tensor | None, device: torch.device):
+    """(shared workspace or None, its generation, views of `layout`): from the caller's
+    `workspace` buffer when given, else from the device's shared one (grown as needed)."""
+    if workspace is not None:
+        return None, 0, carve(workspace, layout, name="workspace", device=device)
+    shared = get_workspace(device)
+    views = carve(shared.get(workspace_size(layout)), layout)
+    return shared, shared.generation, views
+
+
 def get_workspace(device: torch.device | str) -> Workspace:
     """The shared workspace of `device` (created empty on first use)."""
     device = torch.device(device)

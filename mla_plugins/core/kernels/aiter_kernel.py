@@ -43,7 +43,7 @@ from ..aiter import (
 )
 from ..device import device_arch, device_kind, fp8_dtype_for
 from ..fp8 import fp8_max
-from ..workspace import ALIGN, carve, get_workspace, workspace_size
+from ..workspace import ALIGN, carve_views, workspace_size
 from .base import Inputs, Kernel, PrefillInputs, ReduceInputs
 
 logger = logging.getLogger("mla_plugins.kernels.aiter")
@@ -411,13 +411,7 @@ class AiterKernel(Kernel):
             padded=padded, dtype=inputs.dtype, fp8_dtype=inputs.fp8_dtype,
             partial_tiles=meta.num_partial_tiles, with_lse=meta.with_lse,
             single_rows=0 if meta.single is None else meta.single.out_rows.numel())
-        if workspace is None:
-            shared = get_workspace(inputs.device)
-            views = carve(shared.get(workspace_size(layout)), layout)
-            generation = shared.generation
-        else:
-            shared, generation = None, 0
-            views = carve(workspace, layout, name="workspace", device=inputs.device)
+        shared, generation, views = carve_views(layout, workspace, inputs.device)
         plan.memo[key] = (meta, where, inputs.dtype, inputs.fp8_dtype, shared, generation, views)
         return views
 

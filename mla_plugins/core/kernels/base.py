@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from ..device import device_kind, fp8_dtype_for
-from ..workspace import ALIGN, carve, get_workspace, next_token, workspace_size
+from ..workspace import ALIGN, carve_views, next_token, workspace_size
 
 if TYPE_CHECKING:
     from ..plan import PrefillPlan
@@ -321,13 +321,7 @@ class Kernel:
                 return memo[5], memo[6]
         layout = self.workspace_layout(
             plan, fp8=fp8, num_heads=inputs.num_heads, head_dim_v=dv, fp8_dtype=inputs.fp8_dtype)
-        if workspace is None:
-            shared = get_workspace(inputs.device)
-            views = carve(shared.get(workspace_size(layout)), layout)
-            generation = shared.generation
-        else:
-            shared, generation = None, 0
-            views = carve(workspace, layout, name="workspace", device=inputs.device)
+        shared, generation, views = carve_views(layout, workspace, inputs.device)
         token = next_token()
         plan.memo["scratch"] = (fp8, dv, where, shared, generation, views, token)
         return views, token
