@@ -80,6 +80,13 @@ if triton is not None:
         return tl.clamp(y, -FP8_MAX, FP8_MAX).to(out_ty)
 
     @triton.jit
+    def _load_k_rows(src, k_off, ok):
+        """k rows of one head (nope, rope) in the input dtype: [rows, 128], [rows, 64]."""
+        kn = tl.load(src + k_off + tl.arange(0, NOPE_C)[None, :], mask=ok, other=0.0)
+        kr = tl.load(src + NOPE_C + k_off + tl.arange(0, ROPE_C)[None, :], mask=ok, other=0.0)
+        return kn, kr
+
+    @triton.jit
     def _quant_kv_kernel(
         K, V, K8, VT8, Scales, CuK,
         sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
@@ -126,8 +133,7 @@ if triton is not None:
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
                     ok = (t < k1 - r0)[:, None]
-                    kn = tl.load(src + k_off + c_nope[None, :], mask=ok, other=0.0)
-                    kr = tl.load(src + NOPE_C + k_off + c_rope[None, :], mask=ok, other=0.0)
+                    kn, kr = _load_k_rows(src, k_off, ok)
                     s_k = scale_from_amax(
                         max_nan(nan_aware_amax(kn), nan_aware_amax(kr)).to(tl.float32), FP8_MAX)
                     tl.store(dst + k8_off + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty),
@@ -146,10 +152,7 @@ if triton is not None:
                     a_v = tl.zeros([], dtype=tl.float32)
                     for p in tl.static_range(PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
-                        kn = tl.load(src + p * SUB * sk_t + k_off + c_nope[None, :], mask=ok,
-                                     other=0.0)
-                        kr = tl.load(src + p * SUB * sk_t + NOPE_C + k_off + c_rope[None, :],
-                                     mask=ok, other=0.0)
+                        kn, kr = _load_k_rows(src + p * SUB * sk_t, k_off, ok)
                         a_k = max_nan(a_k, max_nan(nan_aware_amax(kn), nan_aware_amax(kr)).to(
                             tl.float32))
                         x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok, other=0.0)
@@ -158,10 +161,7 @@ if triton is not None:
                     s_v = scale_from_amax(a_v, FP8_MAX)
                     for p in tl.static_range(PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
-                        kn = tl.load(src + p * SUB * sk_t + k_off + c_nope[None, :], mask=ok,
-                                     other=0.0)
-                        kr = tl.load(src + p * SUB * sk_t + NOPE_C + k_off + c_rope[None, :],
-                                     mask=ok, other=0.0)
+                        kn, kr = _load_k_rows(src + p * SUB * sk_t, k_off, ok)
                         d = dst + p * SUB * heads * (NOPE_C + ROPE_C)
                         tl.store(d + k8_off + c_nope[None, :], to_fp8(kn, s_k, FP8_MAX, out_ty),
                                  mask=ok)
