@@ -101,14 +101,26 @@ def test_split_long_prefix(fp8, device):
     check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
 
 
+@pytest.mark.parametrize("layout", ["kv-320", "vllm"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_strided_views(fp8, device):
-    """k and v as views of one [T, H, 320] projection output (vLLM's layout): no TMA on bf16."""
+def test_strided_views(fp8, layout, device):
+    """k and v as views, heads further apart than their width: `kv-320`, both halves of one
+    [T, H, 320] output; `vllm`, vLLM's prefill (k a packed cat, v the [..., 128:] half of
+    kv_b_proj's [T, H, 256]). Both are read through TMA on sm_90 in bf16 too."""
+    from mla_plugins.core.kernels import triton_kernel as tk
+
     heads = 8
     gen = torch.Generator().manual_seed(11)
-    kv = torch.randn(700, heads, 320, generator=gen).to(device, torch.bfloat16)
     qbig = torch.randn(500, heads, 256, generator=gen).to(device, torch.bfloat16)
-    q, k, v = qbig[..., :192], kv[..., :192], kv[..., 192:]
+    q = qbig[..., :192]
+    if layout == "kv-320":
+        kv = torch.randn(700, heads, 320, generator=gen).to(device, torch.bfloat16)
+        k, v = kv[..., :192], kv[..., 192:]
+    else:
+        kv = torch.randn(700, heads, 256, generator=gen).to(device, torch.bfloat16)
+        k = torch.cat((kv[..., :128], torch.randn(700, heads, 64, generator=gen).to(device, torch.bfloat16)), -1)
+        v = kv[..., 128:]
+    assert tk._tma_ok(k, 192) and tk._tma_ok(v, 128)
     cq, ck = cu_seqlens([200, 300], device), cu_seqlens([300, 400], device)
     ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True)
     out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=fp8)
@@ -160,6 +172,27 @@ def test_quantization_all_zero_scale_one(device):
     k8, vt8, scales = tq.quantize_kv(k, v, ck, 1, 40, torch.float8_e4m3fn)
     assert (scales[:, :, 0] == 1).all()
     assert (k8.float() == 0).all() and (vt8[:, :40].float() == 0).all()
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_bf16_bad_values_stay_in_their_sequence(bad, device):
+    """bf16 through TMA (sm_90): a key block of sequence 0's last rows reaches into sequence
+    1's first keys; a non-finite v there must not make sequence 0 NaN (p = 0 times inf)."""
+    lens_q, lens_k, heads = [300, 520, 200], [700, 520, 333], 4
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, device=device)
+    bq, bk = cq.tolist(), ck.tolist()
+    v[bk[1], :, 3] = bad
+    k[bk[1] + 1, 1, 5] = bad
+    v[bk[2] + 2, 2, 0] = bad
+    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=False)
+    for b in (0, 1):
+        qs, ks = slice(bq[b], bq[b + 1]), slice(bk[b], bk[b + 1])
+        alone, alone_lse = run_triton(q[qs], k[ks], v[ks], cu_seqlens([lens_q[b]], device),
+                                      cu_seqlens([lens_k[b]], device), causal=True, fp8=False)
+        assert torch.equal(out[qs].isnan(), alone.isnan()), b
+        assert torch.equal(out[qs].nan_to_num(), alone.nan_to_num()), b
+        assert torch.equal(lse[qs].nan_to_num(), alone_lse.nan_to_num()), b
+    assert torch.isfinite(out[bq[0]:bq[1]].float()).all()
 
 
 @pytest.mark.parametrize("split", [False, True])

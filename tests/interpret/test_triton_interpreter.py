@@ -16,7 +16,7 @@ import torch
 import mla_plugins
 from mla_plugins.core.kernels import triton_kernel
 from mla_plugins.core.reference import reference_attention, relative_error
-from tests.core.helpers import BF16_TOL, poisoned, random_batch
+from tests.core.helpers import BF16_TOL, cu_seqlens, poisoned, random_batch
 
 pytestmark = [
     pytest.mark.triton,
@@ -51,6 +51,33 @@ def test_prefill_matches_float64(case, causal, workers):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     assert (out[~finite] == 0).all()
+    assert relative_error(lse[finite], ref_lse[finite]) <= 1e-3
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "vllm-v-view", "padded-heads"])
+def test_tma_loads_match_float64(layout, monkeypatch):
+    """The descriptor path (forced: the interpreter runs TMA loads) on the layouts adapters
+    pass: packed [T, H, D]; vLLM's v, a view with head stride 256; k and v with padded
+    heads (head stride > width) and a row stride past the last head."""
+    monkeypatch.setattr(triton_kernel, "_can_tma", lambda device: True)
+    lens_q, lens_k = [1, 70, 130], [1, 200, 300]
+    heads = 3
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, dtype=torch.float16)
+    if layout == "vllm-v-view":
+        v = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+    elif layout == "padded-heads":
+        kp = torch.randn(k.shape[0], heads, 192 + 64, dtype=k.dtype)
+        kp = torch.cat((kp, torch.randn(k.shape[0], 1, 256, dtype=k.dtype)), dim=1)
+        kp[:, :heads, :192] = k
+        k = kp[:, :heads, :192]
+        v = torch.cat((v, torch.randn_like(v)), dim=-1)[..., :128]
+    assert triton_kernel._tma_ok(k, 192) and triton_kernel._tma_ok(v, 128), layout
+    out = poisoned((q.shape[0], heads, 128), torch.float16)
+    _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, causal=True, fp8=False, out=out,
+                                     return_lse=True, kernel="triton")
+    ref_out, ref_lse = reference_attention(q, k, v, cq, ck, causal=True)
+    assert relative_error(out, ref_out) <= BF16_TOL
+    finite = torch.isfinite(ref_lse)
     assert relative_error(lse[finite], ref_lse[finite]) <= 1e-3
 
 
@@ -110,3 +137,50 @@ def test_reduce_matches_torch_reduce():
     fin = written & torch.isfinite(l_r)
     assert relative_error(o_t[written], o_r[written]) <= 1e-3
     assert relative_error(l_t[fin], l_r[fin]) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "vllm-v-view"])
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer-loads", "tma-loads"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_16bit_bad_values_stay_in_their_sequence(tma, bad, layout, monkeypatch):
+    """A non-finite value in the first keys of one sequence leaves its neighbour untouched.
+
+    A key block of the previous sequence's last rows reaches into those keys (TMA boxes are
+    not cut at a sequence's end): masked scores are -inf, but p = 0 times an inf in v is
+    NaN unless the rows past kv_end are zeroed. `tma` forces the descriptor path (the
+    interpreter runs TMA loads; on the device only sm_90+ takes it). `vllm-v-view`: v as
+    vLLM passes it, the [..., 128:] half of kv_b_proj's [T, H, 256] output (head stride 256).
+    """
+    if tma:
+        monkeypatch.setattr(triton_kernel, "_can_tma", lambda device: True)
+    lens_q, lens_k, heads = [100, 60, 70], [100, 130, 70], 2
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, dtype=torch.float16)
+    if layout == "vllm-v-view":
+        kv = torch.cat((torch.randn_like(v), v), dim=-1)
+        v = kv[..., 128:]
+    assert triton_kernel._tma_ok(v, 128) and triton_kernel._tma_ok(k, 192)
+    k0, k1 = lens_k[0], lens_k[0] + lens_k[1]
+    v[k0, 0, 5] = bad  # the first key of sequence 1, inside sequence 0's last key block
+    k[k0 + 1, 1, 9] = bad
+    v[k1 + 3, 1, 0] = bad  # and of sequence 2, inside sequence 1's
+    bounds_q, bounds_k = cq.tolist(), ck.tolist()
+
+    def run(q, k, v, cq, ck):
+        out = poisoned((q.shape[0], heads, 128), torch.float16)
+        _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, causal=True, fp8=False, out=out,
+                                         return_lse=True, kernel="triton")
+        return out, lse
+
+    def alone(b):
+        qs, ks = slice(bounds_q[b], bounds_q[b + 1]), slice(bounds_k[b], bounds_k[b + 1])
+        return qs, run(q[qs], k[ks], v[ks], cu_seqlens([lens_q[b]]), cu_seqlens([lens_k[b]]))
+
+    out, lse = run(q, k, v, cq, ck)
+    qs, (out0, lse0) = alone(0)
+    assert torch.isfinite(out[qs]).all()
+    assert torch.equal(out[qs], out0) and torch.equal(lse[qs], lse0)
+    # sequence 1 holds bad values of its own (head 0's v, head 1's k), which reach some of
+    # its rows; sequence 2's must add none
+    qs, (out1, _) = alone(1)
+    assert torch.equal(out[qs].isnan(), out1.isnan())
+    assert torch.equal(out[qs].nan_to_num(), out1.nan_to_num())

@@ -69,8 +69,9 @@ if triton is not None:
                 BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
         """k tile rows [row0, row0 + BLOCK_N) of one head: ([BLOCK_N, 128], [BLOCK_N, 64])."""
         if USE_TMA:
-            kn = K.load([row0, head * (NOPE_C + ROPE_C)])
-            kr = Kr.load([row0, head * (NOPE_C + ROPE_C) + NOPE_C])
+            # the descriptors span [T, (H - 1) * sk_h + 192]: a head starts sk_h columns on
+            kn = K.load([row0, head * sk_h])
+            kr = Kr.load([row0, head * sk_h + NOPE_C])
         else:
             n = row0 + tl.arange(0, BLOCK_N)
             base = K + n.to(tl.int64)[:, None] * sk_t + head.to(tl.int64) * sk_h
@@ -103,7 +104,12 @@ if triton is not None:
             v = tl.trans(vt)
         else:
             if USE_TMA:
-                v = V.load([row0, head * DV_C])
+                v = V.load([row0, head * sv_h])
+                if MASK_ROWS:
+                    # the box's rows past kv_end are the next sequence's: their p is 0, but
+                    # 0 * inf is NaN, so one request's inf would reach another's output
+                    n = row0 + tl.arange(0, BLOCK_N)
+                    v = tl.where((n < kv_end)[:, None], v, 0.0)
             else:
                 n = row0 + tl.arange(0, BLOCK_N)
                 ptr = V + n.to(tl.int64)[:, None] * sv_t + head.to(tl.int64) * sv_h + tl.arange(0, DV_C)[None, :]

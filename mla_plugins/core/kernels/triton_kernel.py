@@ -178,11 +178,23 @@ def _can_tma(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def _tma_span(t: torch.Tensor) -> int:
+    """Columns of the 2D [T, span] view a TMA descriptor takes of a [T, H, width] tensor:
+    head h's `width` features start at column h * stride(1)."""
+    return (t.shape[1] - 1) * t.stride(1) + t.shape[2]
+
+
 def _tma_ok(t: torch.Tensor, width: int) -> bool:
-    """Whether a [T, H, width] tensor can be seen as a 2D [T, H * width] TMA descriptor."""
-    if t.shape[0] == 0 or t.stride(2) != 1 or (t.shape[1] > 1 and t.stride(1) != width):
+    """Whether a [T, H, width] tensor can be read through a 2D [T, `_tma_span`] descriptor:
+    contiguous features, 16-byte aligned base and strides, heads that do not overlap and
+    rows that do not overlap (vLLM's v, a [..., 128:] view of [T, H, 256], qualifies)."""
+    if t.shape[0] == 0 or t.shape[2] != width or t.stride(2) != 1:
         return False
-    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    size = t.element_size()
+    if t.shape[1] > 1 and (t.stride(1) < width or (t.stride(1) * size) % 16):
+        return False
+    return (t.data_ptr() % 16 == 0 and (t.stride(0) * size) % 16 == 0
+            and t.stride(0) >= _tma_span(t))
 
 
 def run_prefill(
@@ -249,15 +261,15 @@ def run_prefill(
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        total_k = k_src.shape[0]
-        kd = TensorDescriptor(k_src, [total_k, heads * 192], [k_src.stride(0), 1], [bn, tq.NOPE])
-        krd = TensorDescriptor(k_src, [total_k, heads * 192], [k_src.stride(0), 1], [bn, tq.ROPE])
+        total_k, k_span = k_src.shape[0], _tma_span(k_src)
+        kd = TensorDescriptor(k_src, [total_k, k_span], [k_src.stride(0), 1], [bn, tq.NOPE])
+        krd = TensorDescriptor(k_src, [total_k, k_span], [k_src.stride(0), 1], [bn, tq.ROPE])
         if inputs.fp8:
             # every sequence starts at a 16-aligned column (triton_quant.vt_column); the shape
             # stops at the last written column: what lies past it reads as zeros
             vd = TensorDescriptor(v_src, [heads * tq.DV, vt_cols], [v_src.stride(0), 1], [tq.DV, bn])
         else:
-            vd = TensorDescriptor(v_src, [total_k, heads * tq.DV], [v_src.stride(0), 1], [bn, tq.DV])
+            vd = TensorDescriptor(v_src, [total_k, _tma_span(v_src)], [v_src.stride(0), 1], [bn, tq.DV])
         k_arg, kr_arg, v_arg = kd, krd, vd
     else:
         k_arg, kr_arg, v_arg = k_src, k_src, v_src
