@@ -8,23 +8,34 @@ then ptxas or the AMDGPU backend) without a GPU. Resource figures come from what
   `Occupancy` lines of the amdgcn text: a spill is a nonzero VGPR spill count or scratch
   (SGPR spills go to VGPR lanes, not memory, and are reported but allowed).
 
+What is compiled is what a launch compiles: the provider's own host code runs a planned
+call on CPU tensors shaped as on the device (`record`) with each kernel's module attribute
+replaced by a recorder, and Triton's own binder turns each recorded call into the
+signature, constexprs and specialization (16-divisible ints and 16-aligned pointers)
+its launcher would compile (`spec_of`). So a stride the host passes is specialized here
+exactly as on the GPU, and a configuration the host never launches is not compiled.
+
 `python -m tests.compile.aot` prints the table recorded in benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+import torch
 import triton
-import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.compiler.compiler import make_backend
 
 from mla_plugins.core.kernels import triton_attention as ta
+from mla_plugins.core.kernels import triton_kernel as tk
 from mla_plugins.core.kernels import triton_quant as tq
 from mla_plugins.core.kernels import triton_reduce as tr
 
@@ -34,28 +45,34 @@ TARGETS = {
     "gfx950": GPUTarget("hip", "gfx950", 64),
 }
 #: fp8 format each arch computes in (core/device.py's fp8_dtype_for)
-FP8 = {"sm_90": ("fp8e4nv", tl.float8e4nv, 448.0), "gfx942": ("fp8e4b8", tl.float8e4b8, 240.0),
-       "gfx950": ("fp8e4nv", tl.float8e4nv, 448.0)}
+FP8_DTYPE = {"sm_90": torch.float8_e4m3fn, "gfx942": torch.float8_e4m3fnuz,
+             "gfx950": torch.float8_e4m3fn}
+#: the batches launches are recorded from: heads, q lengths = k lengths (causal)
+BATCH = (16, [300, 517, 64])
+#: another batch of the same model, for the one-variant-per-model check
+OTHER_BATCH = (16, [1, 4096, 333, 77, 129])
 
 
 @dataclass
 class Spec:
-    """One kernel in one configuration the host code can launch on `arch`."""
+    """One kernel as the host code launches it on `arch`: what `triton.compile` gets."""
 
     name: str
     arch: str
     fn: object
     signature: dict
     constexprs: dict
-    num_warps: int
-    num_stages: int = 2
-    notes: str = ""
-    #: `ASTSource` attrs: argument index -> [["tt.divisibility", 16]] (what a launch specializes)
-    attrs: dict | None = None
+    attrs: dict
+    options: dict
     gluon: bool = False
-    maxnreg: int | None = None
     #: warps a CTA holds when warp-specialized partitions add their own (in warpgroups of 4)
     total_warps: int | None = None
+
+    def key(self) -> tuple:
+        """What Triton's kernel cache keys a launch by (signature, specialization, options)."""
+        opts = {k: self.options.get(k) for k in ("num_warps", "num_stages", "maxnreg")}
+        return (self.arch, self.fn.__name__, repr(self.signature), repr(sorted(self.constexprs.items())),
+                repr(sorted(self.attrs.items())), repr(opts))
 
 
 @dataclass
@@ -74,113 +91,148 @@ class Result:
         return self.spills > 0 or self.stack > 0
 
 
-def _sig(fn, types: dict, default: str) -> dict:
-    return {n: types.get(n, "constexpr" if p.is_constexpr else default)
-            for n, p in zip(fn.arg_names, fn.params, strict=True)}
+class _Recorder:
+    """Stands in for a JIT kernel in its module: `kernel[grid](...)` notes the call."""
+
+    def __init__(self, fn, calls: list) -> None:
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.fn, args, kwargs))
 
 
-def _ints(*names):
-    return dict.fromkeys(names, "i32")
-
-
-def attention_specs(arch: str) -> list[Spec]:
-    fn = ta.mla_prefill_kernel
-    fp8_name, fp8_tl, fp8_max = FP8[arch]
-    cuda = arch.startswith("sm_")
-    family = "cuda" if cuda else arch
-    specs = []
-    for fp8 in (True, False):
-        bm, bn, warps, stages = ta.arch_config(family, fp8)
-        # TMA only on CUDA sm_90+; bf16 falls back to pointer loads for strided views
-        tma_modes = ([True, False] if not fp8 else [True]) if cuda else [False]
-        for tma in tma_modes:
-            kt = fp8_name if fp8 else "bf16"
-            types = {
-                "WorkInfo": "*i32", "Out": "*bf16", "Q": "*bf16", "Lse": "*fp32", "PartO": "*fp32",
-                "PartLse": "*fp32", "Scales": "*fp32", "Amax": "*fp32", "qk_scale": "fp32",
-                **_ints("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "vt_stride", "so_t", "so_h",
-                        "sl_t", "sl_h", "spo_t", "spo_h", "spl_t", "spl_h", "ss_w", "num_sub",
-                        "causal", "has_lse"),
-            }
-            if tma:
-                types["K"] = f"tensordesc<{kt}[{bn}, 128]>"
-                types["Kr"] = f"tensordesc<{kt}[{bn}, 64]>"
-                types["V"] = f"tensordesc<{kt}[128, {bn}]>" if fp8 else f"tensordesc<{kt}[{bn}, 128]>"
-            else:
-                types["K"] = types["Kr"] = types["V"] = f"*{kt}"
-            const = {"FP8": fp8, "FP8_MAX": fp8_max, "KV_DTYPE": fp8_tl if fp8 else None,
-                     "P_SHIFT": 8.0 if fp8 else 0.0, "USE_TMA": tma, "V_TMA": tma,
-                     "WARP_SPEC": False, "BLOCK_M": bm, "BLOCK_N": bn}
-            const = {k: v for k, v in const.items() if k in fn.arg_names}
-            specs.append(Spec(
-                f"attention {'fp8' if fp8 else 'bf16'} {bm}x{bn} w{warps} s{stages}"
-                + (" tma" if tma else ""), arch, fn, _sig(fn, types, "*bf16"), const, warps, stages))
-    return specs
-
-
-def quant_specs(arch: str) -> list[Spec]:
-    fp8_name, _, fp8_max = FP8[arch]
-    specs = []
-    # pointer arguments of each quantization kernel (the rest are i32 or constexpr)
-    for name, ptrs, const, divisible in tq.COMPILE_SPECS:
-        fn = getattr(tq, name)
-        types = {n: t.replace("FP8", fp8_name) for n, t in ptrs.items()}
-        const = {k: (fp8_max if v == "FP8_MAX" else v) for k, v in const.items()}
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-        specs.append(Spec(name.strip("_").replace("_kernel", ""), arch, fn, _sig(fn, types, "i32"),
-                          const, tq.NUM_WARPS, attrs=attrs))
-    return specs
-
-
-def gluon_specs(arch: str) -> list[Spec]:
-    """The Gluon fp8 kernel (Hopper only: wgmma and TMA), at every ring depth the host takes."""
-    if arch != "sm_90":
-        return []
-    from triton.experimental.gluon import language as gl
-
+@contextlib.contextmanager
+def _recording(calls: list, tma: bool):
+    """Every kernel launch of the host code goes to `calls` instead of a GPU; `tma` is what
+    the host code's TMA check answers (sm_90: yes; Ampere, Ada, ROCm: no)."""
     from mla_plugins.core.kernels import gluon_attention as ga
-    from mla_plugins.core.kernels.triton_kernel import GLUON_FP8_CONFIG
 
-    fn, bn = ga.mla_prefill_fp8_kernel, GLUON_FP8_CONFIG.block_n
-    f8 = gl.float8e4nv
-    lay = {n: gl.NVMMASharedLayout.get_default_for(s, f8)
-           for n, s in (("KN", [bn, 128]), ("KR", [bn, 64]), ("VT", [128, bn]))}
-    types = {"Q": "*bf16", "Out": "*bf16", "Lse": "*fp32", "PartO": "*fp32", "PartLse": "*fp32",
-             "WorkInfo": "*i32", "Scales": "*fp32", "qk_scale": "fp32",
-             "KN": f"tensordesc<fp8e4nv[{bn}, 128],{lay['KN']!r}>",
-             "KR": f"tensordesc<fp8e4nv[{bn}, 64],{lay['KR']!r}>",
-             "VT": f"tensordesc<fp8e4nv[128, {bn}],{lay['VT']!r}>"}
-    specs = []
-    cfg = GLUON_FP8_CONFIG
-    # the default, then the variants a TileConfig can ask for (benchmarks/prefill.py --variants)
-    variants = [(cfg.num_stages, cfg.pingpong, cfg.persistent), (4, False, False),
-                (3, True, False), (3, False, True)]
-    for stages, pingpong, persistent in variants:
-        const = {"FP8_MAX": 448.0, "KV_DTYPE": f8, "P_SHIFT": 8.0, "BLOCK_M": cfg.block_m,
-                 "BLOCK_N": bn, "NUM_STAGES": stages, "CONSUMER_REGS": ga.CONSUMER_REGS,
-                 "PRODUCER_REGS": ga.PRODUCER_REGS, "PINGPONG": pingpong, "PERSISTENT": persistent}
-        name = (f"gluon attention fp8 {cfg.block_m}x{bn} s{stages} ws"
-                + (" pingpong" if pingpong else "") + (" persistent" if persistent else ""))
-        specs.append(Spec(name, arch, fn, _sig(fn, types, "i32"), const, ga.NUM_WARPS, gluon=True,
-                          maxnreg=ga.MAXNREG, total_warps=ga.TOTAL_WARPS))
-    return specs
+    patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_kv_kernel"), (tr, "_reduce_kernel"),
+               (ga, "mla_prefill_fp8_kernel"), (tk, "_can_tma")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
+    try:
+        for mod, name, fn in saved:
+            setattr(mod, name, (lambda device: tma) if name == "_can_tma" else _Recorder(fn, calls))
+        yield
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
 
 
-def reduce_specs(arch: str) -> list[Spec]:
-    fn = tr._reduce_kernel
-    types = {"PartO": "*fp32", "PartLse": "*fp32", "Indptr": "*i32", "FinalMap": "*i32",
-             "PartialMap": "*i32", "Out": "*bf16", "FinalLse": "*fp32"}
-    specs = []
-    for final_map in (True, False):
-        const = {"HAS_FINAL_MAP": final_map, "HAS_FINAL_LSE": True, "DV": 128, "BLOCK_E": 16}
-        specs.append(Spec(f"reduce final_map={int(final_map)}", arch, fn, _sig(fn, types, "i32"),
-                          const, 4))
-    return specs
+def _layout(layout: str, q, k, v):
+    """q, k, v as a framework passes them: packed, or vLLM's (v the [..., 128:] half of
+    kv_b_proj's [T, H, 256] output; k a packed cat of k_nope and k_pe)."""
+    if layout == "vllm":
+        v = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+    return q, k, v
+
+
+def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
+           split: bool = False, tma: bool | None = None) -> list:
+    """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
+    host code (`TritonKernel._run_ordinary`: the workspace views, the quantization, phase 1
+    with `config`, the reduce of a split plan), on CPU tensors shaped as on the device."""
+    from mla_plugins.core.kernels.base import PrefillInputs
+    from mla_plugins.core.plan import plan_prefill
+    from tests.core.helpers import random_batch
+
+    heads, lens = batch
+    q, k, v, cq, ck = random_batch(lens, lens, heads)
+    q, k, v = _layout(layout, q, k, v)
+    inputs = PrefillInputs(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck, softmax_scale=0.07,
+                           causal=True, fp8=fp8, fp8_dtype=FP8_DTYPE[arch],
+                           max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=config.block_m,
+                        num_workers=heads * 4 if split else 1)
+    plan.memo[("phase1_config", fp8)] = config  # what batch_config picks on the device
+    kernel = tk.TritonKernel()
+    scratch, _ = kernel.scratch_entry(inputs, plan, None)
+    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype)
+    lse = torch.empty(q.shape[0], heads)
+    calls: list = []
+    with _recording(calls, arch.startswith("sm_") if tma is None else tma):
+        kernel._run_ordinary(inputs, plan, out, lse, scratch)
+        if split:  # AITER's reduce signature without a final map (mla_reduce's other variant)
+            kernel.reduce(tk.ReduceInputs(
+                partial_out=scratch["partial_out"], partial_lse=scratch["partial_lse"],
+                reduce_indptr=plan.reduce_indptr, reduce_final_map=None,
+                reduce_partial_map=plan.reduce_partial_map, tile_q=plan.tile_q, num_kv_splits=0,
+                out=out, final_lse=lse))
+    return calls
+
+
+def spec_of(arch: str, fn, args, kwargs, name: str, total_warps: int | None = None) -> Spec:
+    """The compile job Triton's launcher would make of this call for `arch`: its own binder
+    and argument packing (specialization of ints and pointers included)."""
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(TARGETS[arch])
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization,
+                                                          options)
+    gluon = type(fn).__name__ == "GluonJITFunction"
+    return Spec(name, arch, fn, signature, constexprs, attrs, dict(options.__dict__), gluon,
+                total_warps)
+
+
+def _name(fn, kwargs, config=None, tma=False) -> str:
+    c = kwargs
+    if fn.__name__ == "mla_prefill_kernel":
+        return (f"attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
+                f"w{c['num_warps']} s{c['num_stages']}" + (" tma" if c["USE_TMA"] else ""))
+    if fn.__name__ == "mla_prefill_fp8_kernel":
+        return (f"gluon attention fp8 {c['BLOCK_M']}x{c['BLOCK_N']} s{c['NUM_STAGES']} ws"
+                + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
+    if fn.__name__ == "_quant_kv_kernel":
+        return "quant_kv"
+    return f"reduce final_map={int(c['HAS_FINAL_MAP'])}"
+
+
+def scenarios(arch: str) -> list[dict]:
+    """Every configuration the host code launches on `arch` (record's keyword arguments)."""
+    if arch.startswith("sm_"):
+        from dataclasses import replace
+
+        g = tk.GLUON_FP8_CONFIG
+        runs = [dict(fp8=True, config=tk.FP8_CONFIG, split=True),
+                dict(fp8=False, config=tk.BF16_CONFIG, split=True),
+                dict(fp8=False, config=tk.BF16_CONFIG, layout="vllm"),
+                # Ampere / Ada, or a layout TMA cannot take: pointer loads
+                dict(fp8=False, config=replace(tk.BF16_CONFIG, use_tma=False), tma=False),
+                # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
+                dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=4)),
+                dict(fp8=True, config=replace(g, pingpong=True)),
+                dict(fp8=True, config=replace(g, persistent=True))]
+    else:
+        runs = []
+        for fp8 in (True, False):
+            bm, bn, warps, stages = ta.arch_config(arch, fp8)
+            config = tk.TileConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
+                                   use_tma=False)
+            runs.append(dict(fp8=fp8, config=config, split=True))
+    return runs
+
+
+def arch_specs(arch: str, batch=BATCH) -> list[Spec]:
+    """The distinct compile jobs of every launch the host code makes on `arch` (one per
+    Triton cache entry), recorded from `batch`."""
+    if arch.startswith("sm_") and importlib.util.find_spec("triton.experimental.gluon") is None:
+        raise RuntimeError("this Triton has no gluon: the sm_90 fp8 kernel cannot be compiled")
+    from mla_plugins.core.kernels import gluon_attention as ga
+
+    specs: dict[tuple, Spec] = {}
+    for run in scenarios(arch):
+        for fn, args, kwargs in record(arch, batch=batch, **run):
+            gluon = fn.__name__ == "mla_prefill_fp8_kernel"
+            spec = spec_of(arch, fn, args, kwargs, _name(fn, kwargs),
+                           ga.TOTAL_WARPS if gluon else None)
+            specs.setdefault(spec.key(), spec)
+    return list(specs.values())
 
 
 def all_specs(archs=tuple(TARGETS)) -> list[Spec]:
-    return [s for a in archs
-            for s in attention_specs(a) + quant_specs(a) + reduce_specs(a) + gluon_specs(a)]
+    return [s for a in archs for s in arch_specs(a)]
 
 
 def _tool(name: str) -> str:
@@ -204,10 +256,7 @@ def compile_spec(spec: Spec) -> Result:
     else:
         source = ASTSource
     src = source(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=spec.attrs)
-    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    if spec.maxnreg:
-        options["maxnreg"] = spec.maxnreg
-    k = triton.compile(src, target=TARGETS[spec.arch], options=options)
+    k = triton.compile(src, target=TARGETS[spec.arch], options=spec.options)
     res = Result(spec, shared=int(getattr(k.metadata, "shared", 0) or 0))
     if "amdgcn" in k.asm:
         text = k.asm["amdgcn"]
@@ -234,8 +283,8 @@ def compile_spec(spec: Spec) -> Result:
         res.stack = int(re.search(r"STACK:(\d+)", usage).group(1))
         res.spills = len(re.findall(r"\bSTL(?:\.\w+)*\b", sass))
         res.extra["wgmma"] = len(re.findall(r"\b[HQ]GMMA\b", sass))
-        res.occupancy = _cuda_occupancy(res.regs, (spec.total_warps or spec.num_warps) * 32,
-                                        res.shared)
+        warps = spec.total_warps or spec.options["num_warps"]
+        res.occupancy = _cuda_occupancy(res.regs, warps * 32, res.shared)
     return res
 
 

@@ -349,8 +349,8 @@ if gluon is not None:
                                                 ready.index(st), vt_bufs.index(st))
                 it += 1
 
-    @gluon.jit(do_not_specialize=["sl_t", "sl_h", "spl_t", "spl_h", "num_units", "num_tiles",
-                                  "num_sub", "heads_pc", "causal", "has_lse"])
+    @gluon.jit(do_not_specialize=["ss_w", "sl_t", "sl_h", "spl_t", "spl_h", "num_units",
+                                  "num_tiles", "num_sub", "heads_pc", "causal", "has_lse"])
     def mla_prefill_fp8_kernel(
         Q, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales,
         sq_t, sq_h, vt_stride, ss_w, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,

@@ -179,7 +179,10 @@ if triton is not None:
             m_i = m_new
         return acc, l_i, m_i, c_v
 
-    @triton.jit(do_not_specialize=["sl_t", "sl_h", "spl_t", "spl_h", "num_sub", "causal", "has_lse"])
+    # what varies from batch to batch of one model is not specialized on (ss_w: the scale rows'
+    # length), so one model compiles one variant
+    @triton.jit(do_not_specialize=["ss_w", "sl_t", "sl_h", "spl_t", "spl_h", "num_sub", "causal",
+                                   "has_lse"])
     def mla_prefill_kernel(
         Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Scales,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w,

@@ -86,7 +86,8 @@ if triton is not None:
         kr = tl.load(src + NOPE_C + k_off + tl.arange(0, ROPE_C)[None, :], mask=ok, other=0.0)
         return kn, kr
 
-    @triton.jit
+    # ss_w (the scale rows' length) follows the batch: not specialized, one variant per model
+    @triton.jit(do_not_specialize=["ss_w"])
     def _quant_kv_kernel(
         K, V, K8, VT8, Scales, CuK,
         sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
@@ -180,20 +181,6 @@ if triton is not None:
                     sidx = col0 // 16
                     tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
                     tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
-
-
-#: (kernel, pointer argument types, constexprs, arguments 16-divisible) of every launch
-#: below, for tests/compile ("FP8" stands for the arch's fp8 type, "FP8_MAX" for its largest
-#: finite value). The last are what Triton specializes at launch for the layouts the
-#: adapters pass (torch allocations, [T, H, D] rows of 192/128/256 features); another stride
-#: compiles another variant, correct but not checked for spills (at 16 warps it spills on
-#: sm_90: 64-bit address arithmetic per element).
-COMPILE_SPECS = [
-    ("_quant_kv_kernel", {"K": "*bf16", "V": "*bf16", "K8": "*FP8", "VT8": "*FP8", "Scales": "*fp32",
-                          "CuK": "*i32"}, {"FP8_MAX": "FP8_MAX", "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM,
-                                     "PARTS": PARTS},
-     ("K", "V", "K8", "VT8", "Scales", "CuK", "sk_t", "sk_h", "sv_t", "sv_h", "vt_stride", "ss_w")),
-]
 
 
 def vt_columns(total_k: int, batch: int) -> int:

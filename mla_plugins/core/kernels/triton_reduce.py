@@ -25,7 +25,8 @@ except ImportError:  # pragma: no cover - the provider reports "triton is not in
 
 if triton is not None:
 
-    @triton.jit
+    # the tile count follows the batch: not specialized, one variant per model
+    @triton.jit(do_not_specialize=["num_final_rows"])
     def _reduce_kernel(
         PartO, PartLse, Indptr, FinalMap, PartialMap, Out, FinalLse,
         num_final_rows, heads,
