@@ -550,6 +550,25 @@ def main_bench(args):
                 row[f"ours_{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 traceback.print_exc()
         try:
+            # bf16 on the layout vLLM passes: v the [..., 128:] view of kv_b_proj's [T, H, 256]
+            # output (head stride 256; read through TMA like the packed v)
+            v_view = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+            plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=False,
+                                            kernel="triton", device=device)
+            out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=device)
+
+            def fn_view(plan=plan, out=out, q=q, k=k, v=v_view, cq=cq, ck=ck):
+                mla_plugins.mla_prefill(q, k, v, cq, ck, plan=plan, fp8=False, out=out,
+                                        return_lse=False, kernel="triton")
+
+            fn_view()
+            row["err_bf16_vllm_layout"] = rel_err(out, ref)
+            row["ours_bf16_vllm_layout_tflops"] = fl / bench(fn_view) / 1e9
+            del v_view
+        except Exception as exc:
+            row["ours_bf16_vllm_layout_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            traceback.print_exc()
+        try:
             run, unpack = cudnn_bf16_peer(q, k, v, lq, lk, heads)
             row["err_cudnn_bf16"] = rel_err(unpack(run()), ref)
             ms = bench(run)
