@@ -19,7 +19,7 @@ from mla_plugins.core.kernels import triton_quant as tq
 
 FP8 = torch.float8_e4m3fn
 #: (num_warps, parts); the default (tq.NUM_WARPS, tq.PARTS) is the reference
-CONFIGS = [(16, 2), (8, 2), (16, 1), (8, 1)]
+CONFIGS = [(16, 2), (8, 4), (16, 4), (8, 2), (16, 1), (8, 1)]
 SHAPES = {"B8-S2048-H128": ([2048] * 8, 128), "B1-S8192-H128": ([8192], 128),
           "B16-S512-H16": ([512] * 16, 16)}
 CHECKS = {"irregular H5": ([333, 0, 64, 517, 1, 15, 4096], 5),

@@ -5,7 +5,8 @@ Block-scaled (the Triton, Gluon and torch kernels, and the float64 reference wit
 `Q_BLOCK` (64) rows for q and `KV_BLOCK` (128) rows for k and v; each (block, head) gets one
 scale: scale = amax(|x|) over the block's rows and the head's features / max_finite(fp8_dtype),
 1 when the block is all zeros, NaN when it holds a NaN, inf when it holds an inf.
-x_fp8 = clamp(x / scale) in fp8, dequantized = x_fp8 * scale. So a block never shares a scale
+x_fp8 = clamp(x * (1 / scale)) in fp8 (1 / scale correctly rounded in float32: a multiply
+per element, which every kernel reproduces bit for bit), dequantized = x_fp8 * scale. So a block never shares a scale
 with another sequence (or another head): an inf, a NaN or a huge finite value changes only the
 blocks it is in, as it would in bf16. Kernels whose q tiles start at multiples of Q_BLOCK and
 whose key splits start at multiples of KV_BLOCK from the sequence start (the plan's tile_q and
@@ -97,15 +98,20 @@ def block_quantize(
     """(x_fp8 [T, H, D], per-row scales float32 [T, H]) under the block rule, blocks of
     `block` rows (Q_BLOCK for q, KV_BLOCK for k and v).
 
-    x_fp8 is always finite: where x / scale is NaN (a block holding a NaN or an inf, whose
+    x_fp8 is always finite: where x * (1 / scale) is NaN (a block holding a NaN or an inf, whose
     scale is NaN or inf) it is 0. The block's scale still carries the NaN/inf into every
     result computed from the block, and a kernel that reads a neighbour's masked-off fp8
     values (a tile or a TMA box past a sequence's end) multiplies zeros, not NaN.
     """
     scale = block_scales(x, cu_seqlens, fp8_dtype, block=block)
-    limit = fp8_max(fp8_dtype)
-    q = (x.float() / scale[..., None]).nan_to_num_(nan=0.0).clamp_(-limit, limit).to(fp8_dtype)
-    return q, scale
+    return block_cast(x, scale, fp8_max(fp8_dtype)).to(fp8_dtype), scale
+
+
+def block_cast(x: torch.Tensor, scale: torch.Tensor, limit: float) -> torch.Tensor:
+    """float32 x * (1 / scale) per row ([T, H] scales), NaN -> 0, clamped to +-limit: the
+    values the fp8 cast rounds (kernels storing fp16 under the interpreter store these)."""
+    inv = 1.0 / scale[..., None]
+    return (x.float() * inv).nan_to_num_(nan=0.0).clamp_(-limit, limit)
 
 
 def block_dequantize(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

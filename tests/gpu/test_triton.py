@@ -137,8 +137,9 @@ def test_large_magnitude_no_nan(fp8, device):
     check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
 
 
+@pytest.mark.parametrize("parts", [1, 2, 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_quantization_matches_core_rule(dtype, device):
+def test_quantization_matches_core_rule(dtype, parts, device):
     """The one-pass block quantization gives exactly core/fp8.py's fp8 values and scales,
     v transposed into its 16-aligned per-sequence columns."""
     from mla_plugins.core.fp8 import KV_BLOCK, block_quantize
@@ -149,7 +150,8 @@ def test_quantization_matches_core_rule(dtype, device):
     k[400, 2, 7] = float("nan")
     fp8 = torch.float8_e4m3fn
     cu = ck.tolist()
-    k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), fp8)
+    v[70, 1, 3] = float("inf")
+    k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), fp8, parts=parts)
     rk, sk = block_quantize(k.cpu(), cu, fp8, block=KV_BLOCK)
     rv, sv = block_quantize(v.cpu(), cu, fp8, block=KV_BLOCK)
     assert torch.equal(k8.cpu().view(torch.uint8), rk.view(torch.uint8))

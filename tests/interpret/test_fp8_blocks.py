@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mla_plugins
-from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_quantize, block_scales
+from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_cast, block_quantize, block_scales
 from mla_plugins.core.reference import reference_attention, relative_error
 from tests.core.helpers import FP8_TOL, cu_seqlens, poisoned, random_batch
 
@@ -113,8 +113,10 @@ def test_torch_kernel_matches_fp8_reference():
 
 
 @needs_interp
-def test_triton_quant_layout_and_scales():
-    """The one-pass k/v quantization: values, transposed columns, scales, zero gaps."""
+@pytest.mark.parametrize("parts", [1, 2, 4])
+def test_triton_quant_layout_and_scales(parts):
+    """The one-pass k/v quantization: values, transposed columns, scales, zero gaps, for
+    each sweep count (`parts`: the block held at once, or its amax over halves/quarters)."""
     from mla_plugins.core.kernels import triton_quant as tq
 
     lens = [37, 0, 130, 64]
@@ -122,12 +124,15 @@ def test_triton_quant_layout_and_scales():
     _, k, v, _, ck = random_batch(lens, lens, heads, dtype=torch.float16, scale=3.0)
     k[40, 1, 2] = float("nan")
     cu = ck.tolist()
-    k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), torch.float16, 448.0)
+    v[130, 0, 5] = float("inf")
+    k[170, 0, 1] = float("-inf")
+    k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), torch.float16, 448.0,
+                                     parts=parts)
     rk, sk = block_quantize(k, cu, FP8, block=KV_BLOCK)
     rv, sv = block_quantize(v, cu, FP8, block=KV_BLOCK)
-    exp_k = (k.float() / sk[..., None]).nan_to_num(nan=0.0).clamp(-448, 448).half()
+    exp_k = block_cast(k, sk, 448.0).half()
     assert torch.equal(k8, exp_k)
-    exp_v = (v.float() / sv[..., None]).nan_to_num(nan=0.0).clamp(-448, 448).half()
+    exp_v = block_cast(v, sv, 448.0).half()
     for b in range(len(lens)):
         for t in range(cu[b], cu[b + 1]):
             col = t - cu[b] % 16 + 16 * b

@@ -66,11 +66,15 @@ if gluon is not None:
     LN2_G = gl.constexpr(0.6931471805599453)
 
     @gluon.jit
+    def _imax(a, b):
+        return gl.maximum(a, b)
+
+    @gluon.jit
     def _nan_amax(x):
-        """max |x| over a 2D tile; NaN if any element is NaN (core/fp8.py's rule)."""
-        nans = gl.sum(gl.sum((x != x).to(gl.int32), 1), 0)
-        amax = gl.max(gl.max(gl.abs(x), 1), 0)
-        return gl.where(nans > 0, float("nan"), amax)
+        """max |x| over a 2D tile of bf16/fp16; NaN if any element is NaN (core/fp8.py's
+        rule): an integer max of the sign-cleared bit patterns (triton_quant.abs_bits)."""
+        bits = x.to(gl.int16, bitcast=True) & 0x7FFF
+        return gl.reduce(gl.reduce(bits, 1, _imax), 0, _imax).to(x.dtype, bitcast=True)
 
     @gluon.jit
     def _to_fp8(x, inv, FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr):
@@ -202,7 +206,8 @@ if gluon is not None:
         ar = _nan_amax(qr).to(gl.float32)
         amax = gl.where((an != an) | (ar != ar), float("nan"), gl.maximum(an, ar))
         s_q = gl.where(amax == 0, 1.0, gl.div_rn(amax, FP8_MAX))
-        inv_q = 1.0 / s_q
+        # x * (1 / scale), 1 / scale correctly rounded: core/fp8.py's rule, bit for bit
+        inv_q = gl.div_rn(gl.to_tensor(1.0), s_q)
         q_n_smem.store(_to_fp8(qn, inv_q, FP8_MAX, KV_DTYPE))
         q_r_smem.store(_to_fp8(qr, inv_q, FP8_MAX, KV_DTYPE))
         fence_async_shared()

@@ -59,6 +59,7 @@ if triton is not None:
         SCALE_BLOCK_C,
         max_nan,
         nan_aware_amax,
+        reciprocal,
         scale_from_amax,
     )
 
@@ -225,9 +226,8 @@ if triton is not None:
                                       FP8_MAX)
                 qn = q_nope.to(tl.float32)
                 qr = q_rope.to(tl.float32)
-                # x * (1 / scale): may differ from x / scale in the last bit before rounding to
-                # fp8 (a tie flips in rare cases); a division per element costs ~10 instructions
-                inv_q = 1.0 / s_q
+                # x * (1 / scale), 1 / scale correctly rounded: core/fp8.py's rule, bit for bit
+                inv_q = reciprocal(s_q)
                 qn = qn * inv_q
                 qr = qr * inv_q
                 q_nope = tl.clamp(tl.where(qn != qn, 0.0, qn), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
