@@ -278,11 +278,11 @@ def variants(args):
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     configs = {"triton 64x64 w4 s4": FP8_CONFIG}
-    for st, pp, pers in ((3, False, True), (3, True, True), (3, False, False), (4, False, False),
-                         (3, True, False)):
-        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers)
+    for st, pp, pers, lf in ((3, False, False, False), (3, False, False, True), (4, False, False, False),
+                             (4, False, False, True), (3, False, True, False)):
+        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers, longest_first=lf)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
-                f"{' persistent' if pers else ''}"] = cfg
+                f"{' persistent' if pers else ''}{' longest-first' if lf else ''}"] = cfg
     shapes = {n: (lq, lk, h) for n, lq, lk, h in SHAPES}
     shapes["varlen-H16"] = ([1024, 777, 300, 64, 1], [1024, 777, 300 + 129, 64, 1], 16)
     names = args.shapes.split(",") if args.shapes else list(VARIANT_SHAPES)

@@ -26,17 +26,22 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton]  # skips come from tests/conf
 CASES = LENGTH_CASES
 
 
-@pytest.fixture(autouse=True, params=["portable", "gluon"])
+@pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first"])
 def phase1(request, monkeypatch, device):
-    """Every test twice: the portable Triton kernel, and (Hopper) the Gluon fp8 kernel for
-    every batch (its length threshold at 0), so short test batches reach it too."""
+    """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
+    Gluon fp8 kernel for every batch (its length threshold at 0, so short test batches reach
+    it too), in plan order and with each head's slices taken last to first."""
+    from dataclasses import replace
+
     from mla_plugins.core.kernels import triton_kernel as tk
 
-    if request.param == "gluon":
+    if request.param.startswith("gluon"):
         reasons = tk.gluon_reasons(torch.device(device))
         if reasons:
             pytest.skip("; ".join(reasons))
         monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", 0)
+        if request.param == "gluon-longest-first":
+            monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", replace(tk.GLUON_FP8_CONFIG, longest_first=True))
     else:
         monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", float("inf"))
     return request.param

@@ -129,7 +129,7 @@ if gluon is not None:
         return w
 
     @gluon.jit
-    def _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal,
+    def _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal, order,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: gl.constexpr):
         """Work unit `w` (a BLOCK_M-row slice of a work item, one head): its plan fields and
         key-block count (0 for a slice past its tile or a head past its cluster)."""
@@ -139,8 +139,10 @@ if gluon is not None:
             tile = num_tiles - 1 - w // heads_pc
             hh = w % heads_pc
         else:
-            # one CTA per unit, in launch order: neighbours read one head's k/v (L2 reuse)
-            tile = w % num_tiles
+            # one CTA per unit, in launch order: neighbours read one head's k/v (L2 reuse);
+            # order 1 takes each head's slices last to first (causal: longest first), so the
+            # grid's last CTAs are short ones rather than a long tail
+            tile = gl.where(order != 0, num_tiles - 1 - w % num_tiles, w % num_tiles)
             hh = w // num_tiles
         item = tile // num_sub
         wi = WorkInfo + item * 8
@@ -307,7 +309,7 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty,
-                  turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                  turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc, order,
                   Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
                   PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                   FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
@@ -317,7 +319,7 @@ if gluon is not None:
         for k in range(_rounds(num_units, PERSISTENT)):
             w = _unit_index(k, num_units, PERSISTENT)
             (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
-             sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal,
+             sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal, order,
                             BLOCK_M, BLOCK_N, PERSISTENT)
             if valid:
                 _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn, it,
@@ -329,7 +331,7 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
-                  vt_stride, num_units, num_tiles, num_sub, heads_pc, causal,
+                  vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PERSISTENT: gl.constexpr):
         nbytes: gl.constexpr = (KN.block_type.nbytes + KR.block_type.nbytes
@@ -338,7 +340,7 @@ if gluon is not None:
         for k in range(_rounds(num_units, PERSISTENT)):
             w = _unit_index(k, num_units, PERSISTENT)
             (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
-             sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal,
+             sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal, order,
                             BLOCK_M, BLOCK_N, PERSISTENT)
             for j in range(n_total):
                 st = it % NUM_STAGES
@@ -355,11 +357,12 @@ if gluon is not None:
                 it += 1
 
     @gluon.jit(do_not_specialize=["ss_w", "sl_t", "sl_h", "spl_t", "spl_h", "num_units",
-                                  "num_tiles", "num_sub", "heads_pc", "causal", "has_lse"])
+                                  "num_tiles", "num_sub", "heads_pc", "causal", "has_lse",
+                                  "order"])
     def mla_prefill_fp8_kernel(
         Q, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales,
         sq_t, sq_h, vt_stride, ss_w, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
-        qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse,
+        qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse, order,
         FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
@@ -368,7 +371,7 @@ if gluon is not None:
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
         slices of BLOCK_M rows; heads_pc = heads per cluster); num_warps = 4 (the first
-        consumer).
+        consumer). `order`: 0 takes each head's slices in plan order, 1 last to first.
 
         Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128 and BLOCK_N = 128, tiles
         start at multiples of 64 rows and work items at multiples of 128 keys from their
@@ -395,15 +398,15 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
-                         Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
+                         order, Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
                          PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
-                         Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
+                         order, Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
                          PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
             (_producer, (KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
-                         vt_stride, num_units, num_tiles, num_sub, heads_pc, causal,
+                         vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
                          BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

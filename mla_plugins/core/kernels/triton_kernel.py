@@ -68,7 +68,8 @@ class TileConfig:
     gluon: the fp8 phase 1 in Gluon (`gluon_attention`, Hopper only: wgmma, TMA,
     warp-specialized), which fixes block_m 128 and block_n 128; num_stages is its ring depth,
     pingpong its two consumer warpgroups taking turns on the tensor cores, persistent one
-    CTA per SM looping over the work (else one CTA per unit).
+    CTA per SM looping over the work (else one CTA per unit), longest_first the grid taking
+    each head's slices last to first (not persistent; not yet measured).
     """
 
     block_m: int = 128
@@ -80,6 +81,7 @@ class TileConfig:
     gluon: bool = False
     pingpong: bool = False
     persistent: bool = False
+    longest_first: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -326,7 +328,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k8, 
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_units, num_tiles, num_sub, heads_pc, int(plan.causal),
-        int(lse is not None),
+        int(lse is not None), int(config.longest_first),
         FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
