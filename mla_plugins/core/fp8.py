@@ -15,7 +15,8 @@ a 128-key block is one step of the Gluon kernel's key loop (one k and one v scal
 two of the portable kernel's.
 
 Per-tensor (`quantize_fp8`, the AITER provider, whose kernel API takes one scale per
-tensor): the same formula over the whole tensor, with the same NaN-aware amax: a NaN
+tensor): the same scale over the whole tensor, with the same NaN-aware amax, and the cast
+x / scale (torch's division, which the provider's in-place staging reproduces): a NaN
 anywhere makes the scale NaN (it used to turn it into 1 silently and clamp everyone at
 the fp8 maximum). Per-tensor scales couple every sequence of a packed batch.
 """
