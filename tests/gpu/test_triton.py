@@ -324,3 +324,22 @@ def test_torch_kernel_on_cuda(fp8, device):
     out = poisoned((q.shape[0], 4, 128), q.dtype, device)
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=fp8, out=out, return_lse=True, kernel="torch")
     check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_gluon_persistent_grouped_order(group, phase1, monkeypatch, device):
+    """The persistent Gluon kernel over heads in L2 groups of `group` (the last one partial
+    at 3 of 8 heads): every unit exactly once, against float64."""
+    from dataclasses import replace
+
+    from mla_plugins.core.kernels import triton_kernel as tk
+
+    if phase1 != "gluon":
+        pytest.skip("one run: the persistent configuration is set here")
+    monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", replace(tk.GLUON_FP8_CONFIG, persistent=True))
+    monkeypatch.setattr(tk, "_gluon_order", lambda config, plan, heads_pc, device: group)
+    lens_q, lens_k = [300, 1, 700], [300, 129, 900]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, 8, device=device)
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True)
+    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=True)
+    check(out, lse, ref_out, ref_lse, FP8_TOL)

@@ -20,8 +20,10 @@ warp-specialized partitions (`gl.warp_specialize`):
   which measured 1-3% slower here (benchmarks/NOTES.md).
 
 One CTA per unit by default (the hardware schedules them as CTAs finish); `PERSISTENT`
-launches one per SM looping over the units in a fixed zigzag order, which loses to that
-dynamic scheduling on causal batches of uneven units (NOTES).
+launches one per SM looping over the units in a fixed zigzag order, longest first within
+groups of heads whose k/v fit in the L2. Its first form (all heads of a slice in turn:
+the CTAs running at once read every head's k/v) lost 10-25% to the dynamic scheduling at
+the long shapes; the grouped order is not measured yet (NOTES).
 
 Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
 64K registers: 240 per consumer thread, 24 per producer thread.
@@ -134,10 +136,16 @@ if gluon is not None:
         """Work unit `w` (a BLOCK_M-row slice of a work item, one head): its plan fields and
         key-block count (0 for a slice past its tile or a head past its cluster)."""
         if PERSISTENT:
-            # slices in reverse plan order, every head of one before the next: the latest
-            # (longest, causal) rows of a sequence first, so the zigzag over CTAs balances
-            tile = num_tiles - 1 - w // heads_pc
-            hh = w % heads_pc
+            # heads in groups of `order` (sized on the host so a group's k/v fit in half the
+            # L2: the CTAs running at once read a few heads, not all of them); in a group,
+            # slices last to first (causal: longest first), each slice's heads in turn, so
+            # the zigzag over CTAs balances
+            per_group = order * num_tiles
+            g0 = (w // per_group) * order
+            size = gl.minimum(order, heads_pc - g0)
+            r = w - g0 * num_tiles
+            tile = num_tiles - 1 - r // size
+            hh = g0 + r % size
         else:
             # one CTA per unit, in launch order: neighbours read one head's k/v (L2 reuse);
             # order 1 takes each head's slices last to first (causal: longest first), so the
@@ -371,7 +379,8 @@ if gluon is not None:
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
         slices of BLOCK_M rows; heads_pc = heads per cluster); num_warps = 4 (the first
-        consumer). `order`: 0 takes each head's slices in plan order, 1 last to first.
+        consumer). `order`: one CTA per unit, 0 takes each head's slices in plan order and 1
+        last to first; PERSISTENT, the heads per L2 group (`_unit`), at least 1.
 
         Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128 and BLOCK_N = 128, tiles
         start at multiples of 64 rows and work items at multiples of 128 keys from their

@@ -68,8 +68,9 @@ class TileConfig:
     gluon: the fp8 phase 1 in Gluon (`gluon_attention`, Hopper only: wgmma, TMA,
     warp-specialized), which fixes block_m 128 and block_n 128; num_stages is its ring depth,
     pingpong its two consumer warpgroups taking turns on the tensor cores, persistent one
-    CTA per SM looping over the work (else one CTA per unit), longest_first the grid taking
-    each head's slices last to first (not persistent; not yet measured).
+    CTA per SM looping over the work (heads in L2-sized groups, longest first; else one CTA
+    per unit), longest_first the one-CTA-per-unit grid taking each head's slices last to
+    first (neither grouping nor longest_first measured yet).
     """
 
     block_m: int = 128
@@ -328,13 +329,23 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k8, 
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_units, num_tiles, num_sub, heads_pc, int(plan.causal),
-        int(lse is not None), int(config.longest_first),
+        int(lse is not None), _gluon_order(config, plan, heads_pc, q.device),
         FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
         num_warps=ga.NUM_WARPS,
         maxnreg=ga.MAXNREG,
     )
+
+
+def _gluon_order(config: TileConfig, plan: PrefillPlan, heads_pc: int, device) -> int:
+    """The Gluon kernel's `order` argument: one CTA per unit, longest_first (0 or 1);
+    persistent, the heads whose fp8 k/v (192 + 128 bytes per key) fit in half the L2."""
+    if not config.persistent:
+        return int(config.longest_first)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
+    per_head = max(1, plan.total_k * (192 + 128))
+    return max(1, min(heads_pc, (l2 or 50 << 20) // 2 // per_head))
 
 
 @functools.cache
