@@ -3,16 +3,16 @@
 Block-scaled (the Triton, Gluon and torch kernels, and the float64 reference with
 `fp8_dtype`): each sequence's rows are cut into blocks from the sequence's own start,
 `Q_BLOCK` (64) rows for q and `KV_BLOCK` (128) rows for k and v; each (block, head) gets one
-scale: scale = amax(|x|) over the block's rows and the head's features / max_finite(fp8_dtype),
-1 when the block is all zeros, NaN when it holds a NaN, inf when it holds an inf.
-x_fp8 = clamp(x * (1 / scale)) in fp8 (1 / scale correctly rounded in float32: a multiply
-per element, which every kernel reproduces bit for bit), dequantized = x_fp8 * scale. So a block never shares a scale
-with another sequence (or another head): an inf, a NaN or a huge finite value changes only the
-blocks it is in, as it would in bf16. Kernels whose q tiles start at multiples of Q_BLOCK and
-whose key splits start at multiples of KV_BLOCK from the sequence start (the plan's tile_q and
-kv_granularity) apply one scale per 64-row q block and per 128-key block inside the attention:
-a 128-key block is one step of the Gluon kernel's key loop (one k and one v scale per step),
-two of the portable kernel's.
+scale: scale = amax(|x|) over the block's rows and the head's features /
+max_finite(fp8_dtype), 1 when the block is all zeros, NaN when it holds a NaN, inf when it
+holds an inf. x_fp8 = clamp(x * (1 / scale)) in fp8 (1 / scale correctly rounded in float32:
+a multiply per element, which every kernel reproduces bit for bit), dequantized = x_fp8 *
+scale. So a block never shares a scale with another sequence (or another head): an inf, a
+NaN or a huge finite value changes only the blocks it is in, as it would in bf16. Kernels
+whose q tiles start at multiples of Q_BLOCK and whose key splits start at multiples of
+KV_BLOCK from the sequence start (the plan's tile_q and kv_granularity) apply one scale per
+64-row q block and per 128-key block inside the attention: a 128-key block is one step of
+the Gluon kernel's key loop (one k and one v scale per step), two of the portable kernel's.
 
 Per-tensor (`quantize_fp8`, the AITER provider, whose kernel API takes one scale per
 tensor): the same scale over the whole tensor, with the same NaN-aware amax, and the cast

@@ -3,13 +3,13 @@
 One program per (128-key block of a sequence, sequence, head; or a few heads in turn) loads
 its bf16 k [128, 192] and v [128, 128] once, takes the NaN-aware amax in registers and
 writes the fp8 values and the two scales: one read of bf16, one write of fp8, no separate
-amax pass over the tensors. Its instructions per element, not its bytes, kept it at half
-the copy bandwidth (~33 SASS instructions per element with an IEEE division each: 2.1 TB/s
-against 4.2 on the H200), so the amax is an integer max of bit patterns (`abs_bits`) and
-the cast a multiply by the correctly rounded reciprocal (~14 per element). v is transposed in registers and stored as [128, 128] tiles
-whose rows (128 tokens) start at 16-aligned columns, in 16-byte vectors. q is quantized inside
-the attention kernel (one scale per 64-row query block and head, from the tile it loads
-anyway), so q is never written.
+amax pass over the tensors. Its instructions per element, not its bytes, kept it at half the
+copy bandwidth (~33 SASS instructions per element with an IEEE division each: 2.1 TB/s
+against 4.2 on the H200), so the amax is an integer max of bit patterns (`abs_bits`) and the
+cast a multiply by the correctly rounded reciprocal (~14 per element). v is transposed in
+registers and stored as [128, 128] tiles whose rows (128 tokens) start at 16-aligned
+columns, in 16-byte vectors. q is quantized inside the attention kernel (one scale per
+64-row query block and head, from the tile it loads anyway), so q is never written.
 
 Layouts written:
 - k8 [T, H, 192]: the rows of k;
