@@ -2,7 +2,8 @@
 # One device call of the H200 workflow (benchmarks/NOTES.md), run from the repository root
 # on the GPU machine with the tree on PYTHONPATH; results and logs go to $OUT (or ./out).
 #
-#   bash benchmarks/device_run.sh check   # GPU tests, mla-plugins check, quant_bench, --variants
+#   bash benchmarks/device_run.sh check   # GPU tests, mla-plugins check, quant_bench, unit_cost,
+#                                         # --variants
 #   bash benchmarks/device_run.sh bench   # benchmarks/prefill.py: shapes, peers, serving
 #
 # `check` takes ~4-5 minutes, `bench` ~2-3: each fits one 10-minute call. Wheels in .whl/
@@ -27,6 +28,8 @@ case "$stage" in
             2>&1 | tee "$out/gpu-tests.log" || status=1
         python3 -m mla_plugins.cli check 2>&1 | tee "$out/check.log" || status=1
         python3 benchmarks/quant_bench.py 2>&1 | tee "$out/quant-bench.log" || status=1
+        python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
+            2>&1 | tee "$out/unit-cost.log" || status=1
         python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
             2>&1 | tee "$out/variants.log" || status=1
         ;;
