@@ -550,9 +550,10 @@ def main_bench(args):
                 row[f"ours_{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 traceback.print_exc()
         try:
-            # bf16 on the layout vLLM passes: v the [..., 128:] view of kv_b_proj's [T, H, 256]
-            # output (head stride 256; read through TMA like the packed v)
-            v_view = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+            # bf16 on the layout vLLM passes (head stride 256; read through TMA like packed v)
+            from tests.core.helpers import vllm_v_view
+
+            v_view = vllm_v_view(v)
             plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=False,
                                             kernel="triton", device=device)
             out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=device)

@@ -119,14 +119,6 @@ def _recording(calls: list, tma: bool):
             setattr(mod, name, fn)
 
 
-def _layout(layout: str, q, k, v):
-    """q, k, v as a framework passes them: packed, or vLLM's (v the [..., 128:] half of
-    kv_b_proj's [T, H, 256] output; k a packed cat of k_nope and k_pe)."""
-    if layout == "vllm":
-        v = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
-    return q, k, v
-
-
 def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
            split: bool = False, tma: bool | None = None) -> list:
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
@@ -134,11 +126,12 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     with `config`, the reduce of a split plan), on CPU tensors shaped as on the device."""
     from mla_plugins.core.kernels.base import PrefillInputs
     from mla_plugins.core.plan import plan_prefill
-    from tests.core.helpers import random_batch
+    from tests.core.helpers import random_batch, vllm_v_view
 
     heads, lens = batch
     q, k, v, cq, ck = random_batch(lens, lens, heads)
-    q, k, v = _layout(layout, q, k, v)
+    if layout == "vllm":  # k a packed cat of k_nope and k_pe, v a view (vllm_v_view)
+        v = vllm_v_view(v)
     inputs = PrefillInputs(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck, softmax_scale=0.07,
                            causal=True, fp8=fp8, fp8_dtype=FP8_DTYPE[arch],
                            max_seqlen_q=max(lens), max_seqlen_k=max(lens))

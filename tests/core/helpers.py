@@ -25,6 +25,12 @@ def random_batch(lens_q, lens_k, heads, *, dqk=192, dv=128, dtype=torch.bfloat16
     return mk(tq, dqk), mk(tk, dqk), mk(tk, dv), cu_seqlens(lens_q, device), cu_seqlens(lens_k, device)
 
 
+def vllm_v_view(v: torch.Tensor) -> torch.Tensor:
+    """v [T, H, 128] as vLLM's prefill passes it: the [..., 128:] half of kv_b_proj's
+    [T, H, 256] output (k_nope, then v), a view with head stride 256 (same values)."""
+    return torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+
+
 def poisoned(shape, dtype, device="cpu") -> torch.Tensor:
     """An output buffer full of NaN: any element a kernel forgets to write shows up."""
     return torch.full(shape, float("nan"), dtype=dtype, device=device)

@@ -16,7 +16,7 @@ import torch
 import mla_plugins
 from mla_plugins.core.kernels import triton_kernel
 from mla_plugins.core.reference import reference_attention, relative_error
-from tests.core.helpers import BF16_TOL, cu_seqlens, poisoned, random_batch
+from tests.core.helpers import BF16_TOL, cu_seqlens, poisoned, random_batch, vllm_v_view
 
 pytestmark = [
     pytest.mark.triton,
@@ -64,7 +64,7 @@ def test_tma_loads_match_float64(layout, monkeypatch):
     heads = 3
     q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, dtype=torch.float16)
     if layout == "vllm-v-view":
-        v = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+        v = vllm_v_view(v)
     elif layout == "padded-heads":
         kp = torch.randn(k.shape[0], heads, 192 + 64, dtype=k.dtype)
         kp = torch.cat((kp, torch.randn(k.shape[0], 1, 256, dtype=k.dtype)), dim=1)
@@ -156,8 +156,7 @@ def test_16bit_bad_values_stay_in_their_sequence(tma, bad, layout, monkeypatch):
     lens_q, lens_k, heads = [100, 60, 70], [100, 130, 70], 2
     q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, dtype=torch.float16)
     if layout == "vllm-v-view":
-        kv = torch.cat((torch.randn_like(v), v), dim=-1)
-        v = kv[..., 128:]
+        v = vllm_v_view(v)
     assert triton_kernel._tma_ok(v, 128) and triton_kernel._tma_ok(k, 192)
     k0, k1 = lens_k[0], lens_k[0] + lens_k[1]
     v[k0, 0, 5] = bad  # the first key of sequence 1, inside sequence 0's last key block
