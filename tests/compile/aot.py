@@ -194,7 +194,7 @@ def scenarios(arch: str) -> list[dict]:
                 # Ampere / Ada, or a layout TMA cannot take: pointer loads
                 dict(fp8=False, config=replace(tk.BF16_CONFIG, use_tma=False), tma=False),
                 # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
-                dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=4)),
+                dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
                 dict(fp8=True, config=replace(g, pingpong=True)),
                 dict(fp8=True, config=replace(g, persistent=True))]
     else:

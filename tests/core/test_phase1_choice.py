@@ -52,9 +52,13 @@ def test_gluon_only_for_long_slices(monkeypatch):
     monkeypatch.setattr(tk, "gluon_reasons", lambda device: [])
     monkeypatch.setattr(tk, "device_kind", lambda device: "cuda")
     dev = torch.device("cpu")
-    long_cu, short_cu = _cu([8192]), _cu([2048] * 8)
+    long_cu, short_cu = _cu([8192]), _cu([512] * 16)
     assert tk.batch_config(dev, True, long_cu, long_cu, True) is tk.GLUON_FP8_CONFIG
     assert tk.batch_config(dev, True, short_cu, short_cu, True) == tk.FP8_CONFIG
+    # one sequence of 2048: short slices; eight: the persistent Gluon kernel
+    assert tk.batch_config(dev, True, _cu([2048]), _cu([2048]), True) == tk.FP8_CONFIG
+    several = tk.batch_config(dev, True, _cu([2048] * 8), _cu([2048] * 8), True)
+    assert several.gluon and several.persistent
     assert tk.batch_config(dev, False, long_cu, long_cu, True) == tk.BF16_CONFIG
     # a short query over a long cached prefix: long slices
     assert tk.batch_config(dev, True, _cu([512]), _cu([8192]), True) is tk.GLUON_FP8_CONFIG

@@ -26,11 +26,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton]  # skips come from tests/conf
 CASES = LENGTH_CASES
 
 
-@pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first"])
+@pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent"])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
-    Gluon fp8 kernel for every batch (its length threshold at 0, so short test batches reach
-    it too), in plan order and with each head's slices taken last to first."""
+    Gluon fp8 kernel for every batch (its length thresholds at 0, so short test batches reach
+    it too), one CTA per unit in plan order and with each head's slices taken last to first,
+    and persistent for batches of several sequences (its default there)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
@@ -40,10 +41,13 @@ def phase1(request, monkeypatch, device):
         if reasons:
             pytest.skip("; ".join(reasons))
         monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", 0)
+        monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS",
+                            0 if request.param == "gluon-persistent" else float("inf"))
         if request.param == "gluon-longest-first":
             monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", replace(tk.GLUON_FP8_CONFIG, longest_first=True))
     else:
         monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", float("inf"))
+        monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS", float("inf"))
     return request.param
 
 
@@ -162,7 +166,11 @@ def test_quantization_matches_core_rule(dtype, parts, device):
     assert torch.equal(k8.cpu().view(torch.uint8), rk.view(torch.uint8))
     vt, scales = vt8.cpu(), scales.cpu()
     for b in range(len(lens)):
-        cols = torch.arange(cu[b], cu[b + 1]) - cu[b] % 16 + 16 * b
+        # token order within vt8's 16-groups: triton_quant.column_of_key on CUDA
+        offsets = torch.arange(cu[b + 1] - cu[b])
+        if tq.permuted_v(vt8.device):
+            offsets = tq.column_of_key(offsets)
+        cols = offsets + cu[b] - cu[b] % 16 + 16 * b
         got = vt[:, cols].reshape(5, 128, -1).permute(2, 0, 1)
         assert torch.equal(got.contiguous().view(torch.uint8), rv[cu[b]:cu[b + 1]].view(torch.uint8))
         for t in range(cu[b], cu[b + 1], KV_BLOCK):

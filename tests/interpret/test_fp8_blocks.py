@@ -113,10 +113,12 @@ def test_torch_kernel_matches_fp8_reference():
 
 
 @needs_interp
+@pytest.mark.parametrize("permuted", [False, True])
 @pytest.mark.parametrize("parts", [1, 2, 4])
-def test_triton_quant_layout_and_scales(parts):
+def test_triton_quant_layout_and_scales(parts, permuted):
     """The one-pass k/v quantization: values, transposed columns, scales, zero gaps, for
-    each sweep count (`parts`: the block held at once, or its amax over halves/quarters)."""
+    each sweep count (`parts`: the block held at once, or its amax over halves/quarters)
+    and both key orders of vt8 (`permuted`: triton_quant.column_of_key within 16-groups)."""
     from mla_plugins.core.kernels import triton_quant as tq
 
     lens = [37, 0, 130, 64]
@@ -127,7 +129,8 @@ def test_triton_quant_layout_and_scales(parts):
     v[130, 0, 5] = float("inf")
     k[170, 0, 1] = float("-inf")
     k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), torch.float16, 448.0,
-                                     parts=parts)
+                                     parts=parts, permuted=permuted)
+    order = tq.column_of_key if permuted else (lambda x: x)
     rk, sk = block_quantize(k, cu, FP8, block=KV_BLOCK)
     rv, sv = block_quantize(v, cu, FP8, block=KV_BLOCK)
     exp_k = block_cast(k, sk, 448.0).half()
@@ -135,15 +138,18 @@ def test_triton_quant_layout_and_scales(parts):
     exp_v = block_cast(v, sv, 448.0).half()
     for b in range(len(lens)):
         for t in range(cu[b], cu[b + 1]):
-            col = t - cu[b] % 16 + 16 * b
+            col0 = cu[b] - cu[b] % 16 + 16 * b
+            col = col0 + order(t - cu[b])
             assert torch.equal(vt8[:, col].view(heads, 128), exp_v[t]), (b, t)
+            col = col0 + t - cu[b]  # a block's scales sit at its first column
             if (t - cu[b]) % KV_BLOCK == 0:
                 for h in range(heads):
                     got_k, got_v = scales[0, h, col // 16], scales[1, h, col // 16]
                     assert torch.equal(got_k, sk[t, h]) or (torch.isnan(got_k) and torch.isnan(sk[t, h]))
                     assert got_v == sv[t, h]
         # the columns after a sequence, up to the next one's first, are zeros
-        end = cu[b + 1] - cu[b] % 16 + 16 * b
+        col0 = cu[b] - cu[b] % 16 + 16 * b
         nxt = cu[b + 1] - cu[b + 1] % 16 + 16 * (b + 1)
         if cu[b + 1] > cu[b]:
-            assert (vt8[:, end:nxt] == 0).all(), b
+            gap = [col0 + order(x) for x in range(cu[b + 1] - cu[b], nxt - col0)]
+            assert (vt8[:, gap] == 0).all(), b

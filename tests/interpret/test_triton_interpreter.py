@@ -81,12 +81,17 @@ def test_tma_loads_match_float64(layout, monkeypatch):
     assert relative_error(lse[finite], ref_lse[finite]) <= 1e-3
 
 
+@pytest.mark.parametrize("permuted", [True, False], ids=["v-key-order-cuda", "v-key-order-rocm"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", list(CASES))
-def test_fp8_path_matches_float64(case, causal, monkeypatch):
+def test_fp8_path_matches_float64(case, causal, permuted, monkeypatch):
     """The fp8 path (block scales, in-kernel q cast, per-block k/v scales, transposed v with
-    16-aligned sequence columns), its values stored in fp16: the interpreter has no fp8."""
+    16-aligned sequence columns), its values stored in fp16: the interpreter has no fp8.
+    Both key orders of the transposed v (triton_quant.permuted_v: CUDA's, ROCm's)."""
+    from mla_plugins.core.kernels import triton_quant
+
     monkeypatch.setattr(triton_kernel, "_FP8_STORAGE", torch.float16)
+    monkeypatch.setattr(triton_quant, "permuted_v", lambda device: permuted)
     lens_q, lens_k = CASES[case]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 2, dtype=torch.float16, scale=4.0)
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=causal, tile_q=128,

@@ -17,13 +17,14 @@ warp-specialized partitions (`gl.warp_specialize`):
   softmax of key block j with the P @ V product of block j - 1 (async wgmma: FA3's
   intra-warpgroup pipelining). The two warpgroups synchronize with nothing but the stages;
   `PINGPONG` makes them take turns issuing their products (FA3's inter-warpgroup schedule),
-  which measured 1-3% slower here (benchmarks/NOTES.md).
+  which measured within 1-3% of not doing it here (benchmarks/NOTES.md).
 
 One CTA per unit by default (the hardware schedules them as CTAs finish); `PERSISTENT`
 launches one per SM looping over the units in a fixed zigzag order, longest first within
 groups of heads whose k/v fit in the L2. Its first form (all heads of a slice in turn:
 the CTAs running at once read every head's k/v) lost 10-25% to the dynamic scheduling at
-the long shapes; the grouped order is not measured yet (NOTES).
+the long shapes; the grouped order wins on batches of several sequences (+5-18%) and is
+within -5..+2% on one (benchmarks/NOTES.md), so `batch_config` takes it for the former.
 
 Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
 64K registers: 240 per consumer thread, 24 per producer thread.
@@ -83,6 +84,13 @@ if gluon is not None:
         y = x.to(gl.float32) * inv
         y = gl.where(y != y, 0.0, y)
         return gl.minimum(gl.maximum(y, -FP8_MAX), FP8_MAX).to(KV_DTYPE)
+
+    @gluon.jit
+    def _in_v_order(p, BLOCK_N: gl.constexpr):
+        """triton_quant.in_v_order: p's columns in vt8's key order, so that the conversion
+        to the A operand of P @ V moves no value between threads (triton_quant's doc)."""
+        p6 = gl.reshape(p, [HALF_G, BLOCK_N // 16, 2, 2, 2, 2])
+        return gl.reshape(gl.permute(p6, (0, 1, 3, 4, 2, 5)), [HALF_G, BLOCK_N])
 
     @gluon.jit
     def _softmax_block(s, m_i, l_i, scale, start, rows, kv_end, kv_offset, causal,
@@ -254,7 +262,7 @@ if gluon is not None:
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start, rows, kv_end,
                                                 kv_offset, causal, n_full == 0, P_SHIFT, col_s,
                                                 BLOCK_N)
-            p8 = gl.convert_layout(p.to(KV_DTYPE), p_layout)
+            p8 = gl.convert_layout(_in_v_order(p.to(KV_DTYPE), BLOCK_N), p_layout)
 
         # each block's two scales are loaded one step ahead (their latency off the critical path)
         SSTEP: gl.constexpr = BLOCK_N // 16
@@ -286,7 +294,7 @@ if gluon is not None:
             # acc is kept in units of the last block's v scale (triton_attention's rule)
             acc = acc * gl.convert_layout(alpha * (c_v / s_v), row_o)[:, None]
             c_v = s_v
-            p8 = gl.convert_layout(p.to(KV_DTYPE), p_layout)
+            p8 = gl.convert_layout(_in_v_order(p.to(KV_DTYPE), BLOCK_N), p_layout)
 
         if n_total > 0:
             last = (it0 + n_total - 1) % NUM_STAGES

@@ -57,6 +57,7 @@ if triton is not None:
         NOPE_C,
         ROPE_C,
         SCALE_BLOCK_C,
+        in_v_order,
         max_nan,
         nan_aware_amax,
         reciprocal,
@@ -127,6 +128,7 @@ if triton is not None:
         sk_t, sk_h, sv_t, sv_h, vt_stride,
         causal, MASKED: tl.constexpr, FP8: tl.constexpr, P_SHIFT: tl.constexpr,
         BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
+        V_PERM: tl.constexpr,
     ):
         """Online softmax over `n_blocks` key blocks starting at row `lo`.
 
@@ -136,7 +138,8 @@ if triton is not None:
         one multiply per row, not a second accumulator. `SBase` points at the k scale of
         the item's first 128-key scale block (its v scale `ss_w` further); the next scale
         block's are 8 entries on (a scale row has one entry per 16 columns). `vshift` moves a key
-        row to its column of the transposed fp8 v (triton_quant).
+        row to its column of the transposed fp8 v (triton_quant). V_PERM: that copy holds
+        its keys in `triton_quant.key_of_column` order, and P takes the same order.
         """
         p_ty = q_nope.dtype
         for i in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
@@ -174,8 +177,14 @@ if triton is not None:
                 c_v = s_v
             else:
                 acc = acc * alpha[:, None]
-            v = _load_v(V, vcol, head, sv_t, sv_h, vt_stride, kv_end + (vcol - start), MASKED,
-                        BLOCK_N, FP8, V_TMA)
+            v_end = kv_end + (vcol - start)
+            if V_PERM:
+                # a column of the sequence's last 16-group may hold a key before kv_end;
+                # its keys past kv_end read finite values (fp8 stores) with p = 0
+                v_end = (v_end + 15) // 16 * 16
+            v = _load_v(V, vcol, head, sv_t, sv_h, vt_stride, v_end, MASKED, BLOCK_N, FP8, V_TMA)
+            if V_PERM:
+                p = in_v_order(p, BLOCK_N)
             acc = tl.dot(p.to(p_ty), v, acc)
             m_i = m_new
         return acc, l_i, m_i, c_v
@@ -191,7 +200,7 @@ if triton is not None:
         qk_scale, num_sub, causal, has_lse,
         FP8: tl.constexpr, FP8_MAX: tl.constexpr, KV_DTYPE: tl.constexpr, P_SHIFT: tl.constexpr,
         USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, V_PERM: tl.constexpr,
     ):
         """Grid: (num_items * num_sub, heads per cluster).
 
@@ -260,7 +269,7 @@ if triton is not None:
                 acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, sbase, ss_w, vshift,
                 kv_start, n_full, offs_m, head, kv_start, kv_end, kv_offset, scale,
                 sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC,
+                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC, V_PERM,
             )
             lo = kv_start + n_full * BLOCK_N
             n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
@@ -268,7 +277,7 @@ if triton is not None:
                 acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, sbase, ss_w, vshift,
                 lo, n_masked, offs_m, head, kv_start, kv_end, kv_offset, scale,
                 sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False,
+                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False, V_PERM,
             )
 
             seen = l_i > 0

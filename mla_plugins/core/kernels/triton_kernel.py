@@ -70,7 +70,7 @@ class TileConfig:
     pingpong its two consumer warpgroups taking turns on the tensor cores, persistent one
     CTA per SM looping over the work (heads in L2-sized groups, longest first; else one CTA
     per unit), longest_first the one-CTA-per-unit grid taking each head's slices last to
-    first (neither grouping nor longest_first measured yet).
+    first (measured -3..+1%: off).
     """
 
     block_m: int = 128
@@ -90,7 +90,7 @@ class TileConfig:
 FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: Hopper fp8 (sm_90): the Gluon kernel
-GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=3, gluon=True)
+GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
@@ -113,10 +113,14 @@ def gluon_reasons(device: torch.device) -> list[str]:
 #: where the Gluon kernel runs instead of the portable one (fp8, Hopper): batches whose
 #: 128-row query slices see long key ranges on average. The Gluon kernel (one CTA per SM,
 #: 12 warps) wins there; on short slices the portable kernel's two CTAs per SM hide each
-#: slice's prologue and epilogue. H200, attention alone (benchmarks/NOTES.md, variants run):
-#: mean keys per slice ~1100 (B8-S2048-H128) Gluon 0.76x, ~2100 (B4-S4096-H16) 0.97-0.98x,
-#: ~4200 (B1-S8192-H128) 1.15x, ~8300 (B1-S16384-H16) 1.11-1.16x, ~8000 (q512/k8192) 1.30x.
+#: slice's prologue and epilogue. H200, GPU time (CUDA graphs), benchmarks/NOTES.md:
+#: one sequence, mean keys per slice ~4200 (B1-S8192-H128) 1.13x the portable kernel,
+#: ~8300 (B1-S16384-H16) 1.17x, ~8000 (q512 over k8192) 1.24x, one CTA per unit (persistent:
+#: 0.96x of that at S16384); several sequences, persistent: ~1100 (B8-S2048-H128) 1.03x,
+#: ~2100 (B4-S4096-H16) 1.12x (one CTA per unit 1.06x); ~320 (B16-S512-H16) 0.85x.
 GLUON_MIN_MEAN_KEYS = 3072
+#: the same for batches of several sequences, which take the persistent Gluon kernel
+GLUON_PERSISTENT_MIN_MEAN_KEYS = 1024
 
 
 def mean_keys_per_slice(cu_q, cu_k, causal: bool, rows: int = 128) -> float:
@@ -148,10 +152,14 @@ def default_config(device: torch.device, fp8: bool) -> TileConfig:
 
 def batch_config(device: torch.device, fp8: bool, cu_q, cu_k, causal: bool) -> TileConfig:
     """The phase-1 configuration for one batch: the Gluon kernel for fp8 on Hopper where the
-    batch's slices are long (GLUON_MIN_MEAN_KEYS), else `default_config`."""
-    if (fp8 and device_kind(device) == "cuda" and not gluon_reasons(device)
-            and mean_keys_per_slice(cu_q, cu_k, causal) >= GLUON_MIN_MEAN_KEYS):
-        return GLUON_FP8_CONFIG
+    batch's slices are long (one CTA per unit for one sequence, GLUON_MIN_MEAN_KEYS;
+    persistent for several, GLUON_PERSISTENT_MIN_MEAN_KEYS), else `default_config`."""
+    if fp8 and device_kind(device) == "cuda" and not gluon_reasons(device):
+        keys = mean_keys_per_slice(cu_q, cu_k, causal)
+        if len(cu_q) > 2 and keys >= GLUON_PERSISTENT_MIN_MEAN_KEYS:
+            return replace(GLUON_FP8_CONFIG, persistent=True)
+        if keys >= GLUON_MIN_MEAN_KEYS:
+            return GLUON_FP8_CONFIG
     return default_config(device, fp8)
 
 
@@ -295,7 +303,7 @@ def run_prefill(
         inputs.softmax_scale * ta.LOG2E, num_sub, int(plan.causal), int(lse is not None),
         FP8=inputs.fp8, FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift,
         USE_TMA=use_tma, V_TMA=use_tma, WARP_SPEC=config.warp_spec,
-        BLOCK_M=config.block_m, BLOCK_N=bn,
+        BLOCK_M=config.block_m, BLOCK_N=bn, V_PERM=inputs.fp8 and tq.permuted_v(device),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 

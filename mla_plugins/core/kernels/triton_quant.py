@@ -21,6 +21,15 @@ Layouts written:
 - scales [2, H, T_pad / 16] float32 (k, then v): the scale of head h's block whose first
   column is c sits at [., h, c / 16].
 
+Key order within vt8's 16-column groups (`permuted_v`, CUDA): key x of a group sits in
+column `column_of_key(x)`, a fixed permutation of the group chosen so that P, as the
+tensor cores leave it (the fp32 accumulator layout), is already in the layout P @ V reads
+its fp8 A operand in (k_width 4) with its keys in that same order (`in_v_order`): the
+conversion between the two stays in each thread (byte permutes), with no shuffles between
+threads. Measured on the H200 (Gluon kernel, ncu): the shuffled conversion took ~200 of
+its ~700 instructions per key block. P @ V sums over keys, so any order of keys taken by
+both P and V gives the same product. On ROCm the order is the natural one.
+
 Stored fp8 values are always finite (NaN -> 0, see core/fp8.py): a masked read of a
 neighbour's values multiplies zeros; a block's NaN/inf travels in its scale.
 
@@ -104,6 +113,21 @@ if triton is not None:
         return tl.clamp(y, -FP8_MAX, FP8_MAX).to(out_ty)
 
     @triton.jit
+    def key_of_column(c):
+        """The key (offset in its 16-group) that vt8's column c holds when `permuted_v`: the
+        inverse of `column_of_key` (bits 3 2 1 0 of c are bits 2 1 3 0 of the key)."""
+        return (c & ~15) | ((c & 2) << 2) | ((c & 12) >> 1) | (c & 1)
+
+    @triton.jit
+    def in_v_order(p, BLOCK_N: tl.constexpr):
+        """p [rows, BLOCK_N] (keys in order) with its columns in vt8's permuted key order:
+        column c holds key `key_of_column(c)`. Written as a reshape, a transpose of bits and
+        a reshape back, which on NVIDIA leaves every value in its thread (module doc)."""
+        rows: tl.constexpr = p.shape[0]
+        p6 = tl.reshape(p, [rows, BLOCK_N // 16, 2, 2, 2, 2])
+        return tl.reshape(tl.permute(p6, (0, 1, 3, 4, 2, 5)), [rows, BLOCK_N])
+
+    @triton.jit
     def _load_k_rows(src, k_off, ok):
         """k rows of one head (nope, rope) in the input dtype: [rows, 128], [rows, 64]."""
         kn = tl.load(src + k_off + tl.arange(0, NOPE_C)[None, :], mask=ok, other=0.0)
@@ -116,8 +140,12 @@ if triton is not None:
         K, V, K8, VT8, Scales, CuK,
         sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
+        PERMUTED: tl.constexpr,
     ):
         """Grid (key blocks of the longest sequence, sequences, heads / HEADS_PER_PROGRAM).
+
+        PERMUTED: vt8's columns in `key_of_column` order (the v rows are loaded in that
+        order, so the transposed store stays contiguous).
 
         PARTS = 1: the block's rows are loaded once, held, cast. PARTS = 2: two sweeps over
         halves of the block, the first for the amax, the second (from L2) to cast, so a
@@ -136,6 +164,8 @@ if triton is not None:
             c_rope = tl.arange(0, ROPE_C)
             c_v = tl.arange(0, DV_C)
             t = tl.arange(0, SUB)
+            # the v row each column of the transposed tile takes
+            tv = key_of_column(t) if PERMUTED else t
             # the block's first vt8 column and the next sequence's first column are both
             # multiples of 16 (vt_column); telling the compiler so lets the transposed store
             # write 16-byte vectors with a mask that is constant over each vector
@@ -146,7 +176,7 @@ if triton is not None:
             # scalar 64-bit bases, 32-bit offset tiles: fewer address registers
             k_off = t[:, None] * sk_t
             k8_off = t[:, None] * (heads * (NOPE_C + ROPE_C))
-            v_off = t[:, None] * sv_t + c_v[None, :]
+            v_off = tv[:, None] * sv_t + c_v[None, :]
             vt_off = c_v[:, None] * vt_stride + t[None, :]
             for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
                 h = g * HEADS_PER_PROGRAM + hh
@@ -159,7 +189,7 @@ if triton is not None:
                 if PARTS == 1:
                     ok = (t < k1 - r0)[:, None]
                     kn, kr = _load_k_rows(src, k_off, ok)
-                    x = tl.load(vsrc + v_off, mask=ok, other=0.0)
+                    x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                     s_k = scale_from_amax(
                         max_nan(nan_aware_amax(kn), nan_aware_amax(kr)).to(tl.float32), FP8_MAX)
                     s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
@@ -180,13 +210,15 @@ if triton is not None:
                     kn, kr = _load_k_rows(src, k_off, ok)
                     m_kn = tl.reduce(abs_bits(kn), 1, _imax)
                     m_kr = tl.reduce(abs_bits(kr), 1, _imax)
-                    m_v = tl.reduce(abs_bits(tl.load(vsrc + v_off, mask=ok, other=0.0)), 1, _imax)
+                    ok_v = (tv < k1 - r0)[:, None]
+                    m_v = tl.reduce(abs_bits(tl.load(vsrc + v_off, mask=ok_v, other=0.0)), 1, _imax)
                     for p in tl.static_range(1, PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
                         kn, kr = _load_k_rows(src + p * SUB * sk_t, k_off, ok)
                         m_kn = tl.maximum(m_kn, tl.reduce(abs_bits(kn), 1, _imax))
                         m_kr = tl.maximum(m_kr, tl.reduce(abs_bits(kr), 1, _imax))
-                        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok, other=0.0)
+                        ok_v = (tv < k1 - r0 - p * SUB)[:, None]
+                        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok_v, other=0.0)
                         m_v = tl.maximum(m_v, tl.reduce(abs_bits(x), 1, _imax))
                     in_ty = K.dtype.element_ty
                     a_kn = tl.reduce(m_kn, 0, _imax).to(in_ty, bitcast=True)
@@ -205,7 +237,8 @@ if triton is not None:
                                  mask=ok)
                         tl.store(d + NOPE_C + k8_off + c_rope[None, :],
                                  to_fp8(kr, inv_k, FP8_MAX, out_ty), mask=ok)
-                        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok, other=0.0)
+                        ok_v = (tv < k1 - r0 - p * SUB)[:, None]
+                        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok_v, other=0.0)
                         tl.store(vrow + p * SUB + vt_off, tl.trans(to_fp8(x, inv_v, FP8_MAX, out_ty)),
                                  mask=(t + p * SUB < next_start - col0)[None, :])
                 if last:
@@ -218,6 +251,18 @@ if triton is not None:
                     sidx = col0 // 16
                     tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
                     tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
+
+
+def permuted_v(device: torch.device) -> bool:
+    """Whether vt8 holds its keys in `key_of_column` order on this device: everywhere but
+    ROCm (whose matrix-core layouts differ), the interpreter included, where tests check it."""
+    return not (device.type == "cuda" and torch.version.hip)
+
+
+def column_of_key(x):
+    """Column offset (in its 16-group) of key offset x in vt8 when `permuted_v`: bits
+    3 2 1 0 of x go to bits 1 3 2 0 (ints or integer tensors)."""
+    return (x & ~15) | ((x & 6) << 1) | ((x & 8) >> 2) | (x & 1)
 
 
 def vt_columns(total_k: int, batch: int) -> int:
@@ -243,6 +288,7 @@ def quantize_kv(
     heads_per_program: int = HEADS_PER_PROGRAM,
     num_warps: int = NUM_WARPS,
     parts: int = PARTS,
+    permuted: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]).
 
@@ -252,7 +298,8 @@ def quantize_kv(
     so nothing is read back from the device. `fp8_max` overrides the format's largest
     value (tests run the fp8 logic with fp16 storage in Triton's interpreter).
     `heads_per_program`, `num_warps` and `parts` are tuning knobs; the outputs do not
-    depend on them.
+    depend on them. `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
+    default, which is what the attention kernels read.
     """
     total_k, heads = k.shape[0], k.shape[1]
     t_pad = vt_padded_len(total_k, batch)
@@ -271,6 +318,7 @@ def quantize_kv(
     _quant_kv_kernel[grid](
         k, v, k8, vt8, scales, cu_seqlens_k,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad, scales.stride(0), heads,
-        FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts, num_warps=num_warps,
+        FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
+        PERMUTED=permuted_v(k.device) if permuted is None else permuted, num_warps=num_warps,
     )
     return k8, vt8, scales
