@@ -102,17 +102,20 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def _recording(calls: list, tma: bool):
+def _recording(calls: list, tma: bool, permuted: bool):
     """Every kernel launch of the host code goes to `calls` instead of a GPU; `tma` is what
-    the host code's TMA check answers (sm_90: yes; Ampere, Ada, ROCm: no)."""
+    the host code's TMA check answers (sm_90: yes; Ampere, Ada, ROCm: no), `permuted` what
+    `triton_quant.permuted_v` answers (CUDA: yes; ROCm: no)."""
     from mla_plugins.core.kernels import gluon_attention as ga
 
+    answers = {"_can_tma": tma, "permuted_v": permuted}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_kv_kernel"), (tr, "_reduce_kernel"),
-               (ga, "mla_prefill_fp8_kernel"), (tk, "_can_tma")]
+               (ga, "mla_prefill_fp8_kernel"), (tk, "_can_tma"), (tq, "permuted_v")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
     try:
         for mod, name, fn in saved:
-            setattr(mod, name, (lambda device: tma) if name == "_can_tma" else _Recorder(fn, calls))
+            setattr(mod, name, (lambda device, a=answers[name]: a) if name in answers
+                    else _Recorder(fn, calls))
         yield
     finally:
         for mod, name, fn in saved:
@@ -143,7 +146,8 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype)
     lse = torch.empty(q.shape[0], heads)
     calls: list = []
-    with _recording(calls, arch.startswith("sm_") if tma is None else tma):
+    cuda = arch.startswith("sm_")
+    with _recording(calls, cuda if tma is None else tma, cuda):
         kernel._run_ordinary(inputs, plan, out, lse, scratch)
         if split:  # AITER's reduce signature without a final map (mla_reduce's other variant)
             kernel.reduce(tk.ReduceInputs(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 pytestmark = [
     pytest.mark.triton,
@@ -68,3 +69,16 @@ def test_every_kernel_is_covered():
         assert called or name in launched, f"{name} is a kernel no recorded launch compiles"
     assert {"mla_prefill_kernel", "mla_prefill_fp8_kernel", "_quant_kv_kernel",
             "_reduce_kernel"} <= launched
+
+
+@pytest.mark.parametrize("arch", list(aot.TARGETS))
+def test_v_key_order_follows_the_arch(arch):
+    """The fp8 launches recorded for an arch take its vt8 key order (triton_quant.permuted_v):
+    permuted on CUDA, natural on ROCm, the quantization and the attention alike."""
+    import mla_plugins.core.kernels.triton_kernel as tk
+
+    calls = aot.record(arch, True, tk.default_config(torch.device("cpu"), True))
+    orders = {fn.__name__: kwargs.get("PERMUTED", kwargs.get("V_PERM")) for fn, _, kwargs in calls
+              if fn.__name__ in ("_quant_kv_kernel", "mla_prefill_kernel")}
+    want = arch.startswith("sm_")
+    assert orders == {"_quant_kv_kernel": want, "mla_prefill_kernel": want}, orders
