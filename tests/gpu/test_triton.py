@@ -167,14 +167,11 @@ def test_quantization_matches_core_rule(dtype, parts, device):
     vt, scales = vt8.cpu(), scales.cpu()
     for b in range(len(lens)):
         # token order within vt8's 16-groups: triton_quant.column_of_key on CUDA
-        offsets = torch.arange(cu[b + 1] - cu[b])
-        if tq.permuted_v(vt8.device):
-            offsets = tq.column_of_key(offsets)
-        cols = offsets + cu[b] - cu[b] % 16 + 16 * b
+        cols = tq.vt_column(cu[b], b, torch.arange(cu[b + 1] - cu[b]), tq.permuted_v(vt8.device))
         got = vt[:, cols].reshape(5, 128, -1).permute(2, 0, 1)
         assert torch.equal(got.contiguous().view(torch.uint8), rv[cu[b]:cu[b + 1]].view(torch.uint8))
         for t in range(cu[b], cu[b + 1], KV_BLOCK):
-            c = (t - cu[b] % 16 + 16 * b) // 16
+            c = tq.vt_column(cu[b], b, t - cu[b], False) // 16  # a block's first column
             assert torch.equal(scales[1, :, c], sv[t]) and torch.equal(scales[0, :, c].isnan(), sk[t].isnan())
 
 

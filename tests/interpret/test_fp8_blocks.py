@@ -130,7 +130,6 @@ def test_triton_quant_layout_and_scales(parts, permuted):
     k[170, 0, 1] = float("-inf")
     k8, vt8, scales = tq.quantize_kv(k, v, ck, len(lens), max(lens), torch.float16, 448.0,
                                      parts=parts, permuted=permuted)
-    order = tq.column_of_key if permuted else (lambda x: x)
     rk, sk = block_quantize(k, cu, FP8, block=KV_BLOCK)
     rv, sv = block_quantize(v, cu, FP8, block=KV_BLOCK)
     exp_k = block_cast(k, sk, 448.0).half()
@@ -138,18 +137,17 @@ def test_triton_quant_layout_and_scales(parts, permuted):
     exp_v = block_cast(v, sv, 448.0).half()
     for b in range(len(lens)):
         for t in range(cu[b], cu[b + 1]):
-            col0 = cu[b] - cu[b] % 16 + 16 * b
-            col = col0 + order(t - cu[b])
+            col = tq.vt_column(cu[b], b, t - cu[b], permuted)
             assert torch.equal(vt8[:, col].view(heads, 128), exp_v[t]), (b, t)
-            col = col0 + t - cu[b]  # a block's scales sit at its first column
+            col = tq.vt_column(cu[b], b, t - cu[b], False)  # a block's scales: its first column
             if (t - cu[b]) % KV_BLOCK == 0:
                 for h in range(heads):
                     got_k, got_v = scales[0, h, col // 16], scales[1, h, col // 16]
                     assert torch.equal(got_k, sk[t, h]) or (torch.isnan(got_k) and torch.isnan(sk[t, h]))
                     assert got_v == sv[t, h]
         # the columns after a sequence, up to the next one's first, are zeros
-        col0 = cu[b] - cu[b] % 16 + 16 * b
-        nxt = cu[b + 1] - cu[b + 1] % 16 + 16 * (b + 1)
+        col0 = tq.vt_column(cu[b], b, 0, False)
+        nxt = tq.vt_column(cu[b + 1], b + 1, 0, False)
         if cu[b + 1] > cu[b]:
-            gap = [col0 + order(x) for x in range(cu[b + 1] - cu[b], nxt - col0)]
+            gap = [tq.vt_column(cu[b], b, x, permuted) for x in range(cu[b + 1] - cu[b], nxt - col0)]
             assert (vt8[:, gap] == 0).all(), b

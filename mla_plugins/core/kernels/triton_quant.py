@@ -15,7 +15,8 @@ Layouts written:
 - k8 [T, H, 192]: the rows of k;
 - vt8 [H * 128, T_pad], v transposed (fp8 tensor-core products on Hopper read their second
   operand K-major, so P @ V wants tokens contiguous). Token t of sequence b sits in column
-  `t - ck[b] % 16 + 16 * b` (`vt_column`): every sequence starts 16-aligned, which TMA
+  `t - ck[b] % 16 + 16 * b` (`vt_column`; within its 16-group reordered by `column_of_key`
+  where `permuted_v`, below): every sequence starts 16-aligned, which TMA
   loads of fp8 need on the H200 (an unaligned start faults), and every key block
   starts 16-aligned too. The columns between sequences are written as zeros;
 - scales [2, H, T_pad / 16] float32 (k, then v): the scale of head h's block whose first
@@ -263,6 +264,13 @@ def column_of_key(x):
     """Column offset (in its 16-group) of key offset x in vt8 when `permuted_v`: bits
     3 2 1 0 of x go to bits 1 3 2 0 (ints or integer tensors)."""
     return (x & ~15) | ((x & 6) << 1) | ((x & 8) >> 2) | (x & 1)
+
+
+def vt_column(seq_start: int, seq_index: int, offset, permuted: bool):
+    """vt8's column of the key `offset` keys into sequence `seq_index`, which starts at token
+    `seq_start` (ints, or an integer tensor of offsets): the sequence's 16-aligned first
+    column, plus `column_of_key(offset)` when `permuted` (module doc)."""
+    return seq_start - seq_start % 16 + 16 * seq_index + (column_of_key(offset) if permuted else offset)
 
 
 def vt_columns(total_k: int, batch: int) -> int:
