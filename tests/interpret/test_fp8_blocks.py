@@ -42,7 +42,15 @@ def _run(kernel, q, k, v, cq, ck, dtype):
     return out, lse
 
 
-def _isolation(kernel, dtype):
+def _isolation(kernel, dtype, *, bitwise):
+    """Sequences 0 and 2 of a batch whose sequence 1 holds inf/NaN/1e30 come out as when run
+    alone: bit for bit (`bitwise`), or for the torch kernel within bf16 rounding (relative
+    error 1e-3; a leaked inf/NaN/1e30 scale makes it NaN or ~1). A CI machine once gave
+    one 2e-4 output element of sequence 0 an 11-ulp bf16 difference (1e-5, twenty times
+    float32 rounding there) that no seed, thread count or CPU capability reproduces here;
+    torch's CPU ops (the fp8 cast, the matmuls) promise no batch invariance, so the
+    torch kernel's isolation is checked bit for bit where the rule is ours: each
+    sequence's fp8 scales and scaled values (test_block_rule_isolates_sequences)."""
     heads = 2
     q, k, v, cq, ck = random_batch(LENS_Q, LENS_K, heads, dtype=dtype)
     _poison(q, k, v, cq, ck)
@@ -52,9 +60,14 @@ def _isolation(kernel, dtype):
         qs, ks = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1])
         alone, alone_lse = _run(kernel, q[qs], k[ks], v[ks], cu_seqlens([LENS_Q[b]]),
                                 cu_seqlens([LENS_K[b]]), dtype)
-        assert torch.isfinite(out[qs]).all()
-        assert torch.equal(out[qs], alone), f"sequence {b} changed by another sequence's values"
-        assert torch.equal(lse[qs], alone_lse)
+        assert torch.isfinite(out[qs]).all() and torch.isfinite(lse[qs]).all()
+        if bitwise:
+            assert torch.equal(out[qs], alone), f"sequence {b} changed by another sequence's values"
+            assert torch.equal(lse[qs], alone_lse)
+        else:
+            err = relative_error(out[qs], alone)
+            assert err < 1e-3, f"sequence {b} changed by another sequence's values: {err:.2e}"
+            assert relative_error(lse[qs], alone_lse) < 1e-6
     # sequence 1: head 1 holds no bad value and is untouched; head 0 is damaged as in bf16
     s1 = slice(cqh[1], cqh[2])
     ref, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8)
@@ -64,7 +77,23 @@ def _isolation(kernel, dtype):
 
 
 def test_torch_kernel_isolates_sequences():
-    _isolation("torch", torch.bfloat16)
+    _isolation("torch", torch.bfloat16, bitwise=False)
+
+
+def test_block_rule_isolates_sequences():
+    """The fp8 rule's scales and scaled values (before torch's fp8 cast) of sequences 0 and 2
+    are bit for bit those of each run alone, next to a sequence holding inf/NaN/1e30."""
+    q, k, v, cq, ck = random_batch(LENS_Q, LENS_K, 2)
+    _poison(q, k, v, cq, ck)
+    for x, cu, block in ((q, cq.tolist(), Q_BLOCK), (k, ck.tolist(), KV_BLOCK), (v, ck.tolist(), KV_BLOCK)):
+        scale = block_scales(x, cu, FP8, block=block)
+        scaled = block_cast(x, scale, 448.0)
+        for b in (0, 2):
+            rows = slice(cu[b], cu[b + 1])
+            alone = block_scales(x[rows], [0, cu[b + 1] - cu[b]], FP8, block=block)
+            assert torch.equal(scale[rows], alone), (b, block)
+            assert torch.equal(scaled[rows], block_cast(x[rows], alone, 448.0)), (b, block)
+        assert not (scale[cu[1] : cu[2], 0] < 1e20).all()  # sequence 1's poison is there to leak
 
 
 @needs_interp
@@ -72,7 +101,7 @@ def test_triton_kernel_isolates_sequences(monkeypatch):
     from mla_plugins.core.kernels import triton_kernel
 
     monkeypatch.setattr(triton_kernel, "_FP8_STORAGE", torch.float16)
-    _isolation("triton", torch.float16)
+    _isolation("triton", torch.float16, bitwise=True)
 
 
 @pytest.mark.parametrize("block", [Q_BLOCK, KV_BLOCK])
