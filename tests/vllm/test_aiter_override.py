@@ -1,4 +1,4 @@
-"""MLA_PLUGINS_VLLM_OVERRIDE=ROCM_AITER_MLA,ROCM_AITER_TRITON_MLA on vLLM 0.32: AITER's own FP8
+"""MLA_PLUGINS_VLLM_OVERRIDE=ROCM_AITER_MLA,ROCM_AITER_TRITON_MLA on vLLM 0.32 and 0.33: AITER's own FP8
 prefill is off in the impl AND in the metadata builder (which would otherwise reserve the FP8
 scratch and plan every prefill batch with get_ps_metadata_v1), for AiterMLAImpl and
 AiterTritonMLAImpl.
@@ -10,8 +10,9 @@ What runs for real: vLLM's registry (`register_backend` through our register()),
 `AiterMLAImpl.__init__` and `AiterTritonMLAImpl.__init__`, the fake AMD AITER (num_kv_splits).
 Stood in: the parents' `__init__`/`build` (`MLACommonMetadataBuilder`, `MLACommonImpl`:
 they need a running engine; the stand-ins set the attributes the AITER classes read), vLLM's
-compiled libraries, the GPU's properties (gfx950), and the AITER decode helpers the builder
-calls for its decode buffers (`aiter.dtypes`, `get_mla_metadata_info_v1`: small shapes).
+compiled libraries, the GPU's properties (gfx950) and the platform's compute-unit count read
+from them (0.33), and the AITER decode helpers the builder calls for its decode buffers
+(`aiter.dtypes`, `get_mla_metadata_info_v1`: small shapes).
 """
 
 from __future__ import annotations
@@ -63,11 +64,17 @@ H = 16
 def builder_parent_init(self, kv_cache_spec, layer_names, vllm_config, device, metadata_cls=None,
                         supports_dcp_with_varlen=False):
     self.num_heads, self.dcp_world_size, self.reorder_batch_threshold = H, 1, 1
-    self.mla_dims = types.SimpleNamespace(v_head_dim=128)
+    self.mla_dims = types.SimpleNamespace(kv_lora_rank=512, qk_nope_head_dim=128,
+                                          qk_rope_head_dim=64, v_head_dim=128)
+    self.q_data_type = torch.bfloat16  # 0.33's builder reads it (the parent sets the model dtype)
 common.MLACommonMetadataBuilder.__init__ = builder_parent_init
+from vllm.platforms import current_platform
+# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units: as ROCm's does
+current_platform.num_compute_units = lambda device_id=0: props.multi_processor_count
 
 def impl_parent_init(self, num_heads, head_size, scale, num_kv_heads, *args, **mla):
     self.num_heads, self.scale, self.dcp_world_size, self.v_head_dim = num_heads, scale, 1, 128
+    self.qk_nope_head_dim, self.qk_rope_head_dim = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"]
 common.MLACommonImpl.__init__ = impl_parent_init
 
 planned = []

@@ -1,6 +1,6 @@
 """The AITER shim on vLLM's AiterMLAImpl, with faithful fake AMD AITER of both schemas.
 
-What runs for real: vLLM 0.32's `AiterMLAImpl.__init__` (its gfx950 / FP8-KV gate and its
+What runs for real: vLLM 0.32's (or 0.33's) `AiterMLAImpl.__init__` (its gfx950 / FP8-KV gate and its
 `from aiter import mla_prefill_ps_asm_fwd, mla_reduce_v1` binding), our wrapper, and the
 fake `aiter::mla_reduce_v1` torch op with the exact legacy / num_kv_splits schema. Stood
 in: the parent `MLACommonImpl.__init__` (it builds kv_b_proj layers that need a running
@@ -43,7 +43,12 @@ from vllm.v1.attention.backends.mla.rocm_aiter_mla import AiterMLAImpl
 
 def parent_init(self, num_heads, head_size, scale, num_kv_heads, *args, **kwargs):
     self.num_heads, self.scale, self.dcp_world_size = num_heads, scale, 1
+    self.qk_nope_head_dim, self.qk_rope_head_dim = kwargs["qk_nope_head_dim"], kwargs["qk_rope_head_dim"]
+    self.v_head_dim = kwargs["v_head_dim"]
 MLACommonImpl.__init__ = parent_init
+from vllm.platforms import current_platform
+# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units: as ROCm's does
+current_platform.num_compute_units = lambda device_id=0: props.multi_processor_count
 
 H, DV, TILE = 16, 128, 256
 impl = AiterMLAImpl(H, 576, 0.1, 1, None, None, "fp8", None, "decoder", None,
