@@ -11,7 +11,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = [
-    "lint", "core", "triton", "vllm", "sglang", "sglang_0514", "sglang_0515",
+    "lint", "core", "triton", "vllm", "sglang", "sglang_older",
 ]
 
 PYTHON = "3.11"
@@ -247,28 +247,24 @@ def _sglang_deps(version: str) -> list[str]:
     return [p for p in SGLANG_DEPS if name(p) not in replaced] + pins
 
 
-def _sglang_aiter_matrix(session: nox.Session, version: str) -> None:
-    """One older SGLang release, for the AITER matrix only (tests/sglang/test_aiter_matrix.py):
-    its real aiter backend module against each fake AITER convention, with and without the shim.
-    The other SGLang tests run once, on 0.5.23, in the `sglang` session."""
-    session.install(TORCH)
-    session.install("--no-deps", *_sglang_deps(version), f"sglang=={version}")
-    session.install("--no-deps", "-e", ".")
+#: older SGLang releases the AITER matrix runs on: 0.5.14, the last whose aiter backend calls
+#: mla_reduce_v1 with 8 arguments; 0.5.15, the first passing num_kv_splits=0 (9), before need_lse
+SGLANG_MATRIX_RELEASES = ("0.5.14", "0.5.15")
+
+
+@nox.session(python=PYTHON)
+def sglang_older(session: nox.Session) -> None:
+    """The AITER matrix only (tests/sglang/test_aiter_matrix.py) on each older SGLang release in
+    turn, in one environment (each release with its own pins, all --no-deps, replacing the
+    previous one's): its real aiter backend module against each fake AITER convention, with
+    and without the shim. The other SGLang tests run once, on 0.5.23, in the `sglang` session."""
     import os
 
-    env = {"PYTHONPATH": os.path.abspath("tests/sglang/env"), "PYTHONHASHSEED": "0",
-           "MLA_PLUGINS_EXPECT_SGLANG": version}
-    session.run("python", "-m", "pytest", "tests/sglang/test_aiter_matrix.py", "-p", "no:cacheprovider",
-                *session.posargs, env=env)
-
-
-@nox.session(python=PYTHON)
-def sglang_0514(session: nox.Session) -> None:
-    """SGLang 0.5.14: the last release whose aiter backend calls mla_reduce_v1 with 8 arguments."""
-    _sglang_aiter_matrix(session, "0.5.14")
-
-
-@nox.session(python=PYTHON)
-def sglang_0515(session: nox.Session) -> None:
-    """SGLang 0.5.15: the first release passing num_kv_splits=0 (9 arguments), before need_lse."""
-    _sglang_aiter_matrix(session, "0.5.15")
+    session.install(TORCH)
+    session.install("--no-deps", "-e", ".")
+    for version in SGLANG_MATRIX_RELEASES:
+        session.install("--no-deps", *_sglang_deps(version), f"sglang=={version}")
+        env = {"PYTHONPATH": os.path.abspath("tests/sglang/env"), "PYTHONHASHSEED": "0",
+               "MLA_PLUGINS_EXPECT_SGLANG": version}
+        session.run("python", "-m", "pytest", "tests/sglang/test_aiter_matrix.py", "-p",
+                    "no:cacheprovider", *session.posargs, env=env)

@@ -1,9 +1,9 @@
 """The SGLang x AITER matrix: the installed SGLang release's real FP8 MLA prefill, per AITER
 convention, without and with mla-plugins, each cell in a fresh process.
 
-Release under test: whatever this environment has (`sglang` session: 0.5.23; `sglang_0514`,
-`sglang_0515`: those releases; MLA_PLUGINS_EXPECT_SGLANG names it, so a session that
-installed the wrong one fails). What each release calls, read from its wheel:
+Release under test: whatever this environment has (`sglang` session: 0.5.23; `sglang_older`:
+0.5.14, then 0.5.15; MLA_PLUGINS_EXPECT_SGLANG names it, so a session that installed the
+wrong one fails). What each release calls, read from its wheel:
 - 0.5.14: `AiterAttnBackend.mla_fp8_prefill_attn(q, k, v, layer)` over `forward_metadata`
   built by `make_mla_prefill_ps_meta_data_buffer` / `make_mla_prefill_ps_meta_data`
   (`get_ps_metadata_v1` without need_lse); `mla_reduce_v1` with 8 arguments; lse discarded.
