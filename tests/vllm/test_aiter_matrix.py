@@ -88,15 +88,8 @@ if "def flash_attn_varlen_func" not in text and "flash_attn_varlen_func" not in 
         f.write("\ndef flash_attn_varlen_func(*a, **k):\n    raise NotImplementedError('fake')\n")
 sys.path.insert(0, str(dest))
 
-props = types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-", name="AMD Instinct MI355X",
-                              major=9, minor=5, total_memory=288 << 30, multi_processor_count=256)
-device_queries = []
-def get_device_properties(*a, **k):
-    device_queries.append(a)
-    return props
-torch.cuda.get_device_properties = get_device_properties
-for name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._rocm_C"):
-    sys.modules[name] = types.ModuleType(name)
+from tests.fakes import gfx950
+device_queries = gfx950.stand_in()
 
 class Event:  # a CPU-only torch cannot build torch.cuda.Event (0.32's host staging)
     def record(self, *a, **k): pass
@@ -128,11 +121,7 @@ def parent_init(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, s
     self.qk_head_dim, self.v_head_dim = mla["qk_head_dim"], mla["v_head_dim"]
 MLACommonImpl.__init__ = parent_init
 
-from vllm.platforms import current_platform
-# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units: answered as vLLM's
-# ROCm platform does (platforms/rocm.py: get_device_properties(device_id).multi_processor_count),
-# i.e. the stood-in gfx950's, not the CPU platform's thread count.
-current_platform.num_compute_units = lambda device_id=0: get_device_properties(device_id).multi_processor_count
+gfx950.answer_compute_units()
 
 H, DQK, DV = CONFIG["heads"], 192, 128
 SCALE = DQK ** -0.5

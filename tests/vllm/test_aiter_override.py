@@ -47,11 +47,8 @@ def get_mla_metadata_info_v1(*a, **k):
     "def flash_attn_varlen_func(*a, **k):\n    raise NotImplementedError('fake')\n")
 sys.path.insert(0, str(dest))
 
-props = types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-", name="AMD Instinct MI355X",
-                              major=9, minor=5, total_memory=288 << 30, multi_processor_count=256)
-torch.cuda.get_device_properties = lambda *a, **k: props
-for name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._rocm_C"):
-    sys.modules[name] = types.ModuleType(name)
+from tests.fakes import gfx950
+gfx950.stand_in()
 
 from mla_plugins.vllm import register
 register()
@@ -68,9 +65,7 @@ def builder_parent_init(self, kv_cache_spec, layer_names, vllm_config, device, m
                                           qk_rope_head_dim=64, v_head_dim=128)
     self.q_data_type = torch.bfloat16  # 0.33's builder reads it (the parent sets the model dtype)
 common.MLACommonMetadataBuilder.__init__ = builder_parent_init
-from vllm.platforms import current_platform
-# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units: as ROCm's does
-current_platform.num_compute_units = lambda device_id=0: props.multi_processor_count
+gfx950.answer_compute_units()
 
 def impl_parent_init(self, num_heads, head_size, scale, num_kv_heads, *args, **mla):
     self.num_heads, self.scale, self.dcp_world_size, self.v_head_dim = num_heads, scale, 1, 128

@@ -19,7 +19,7 @@ import pytest
 from .conftest import run_python
 
 SCRIPT = r"""
-import json, logging, sys, types
+import json, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
 import torch
 from tests.fakes import fake_aiter
@@ -30,11 +30,8 @@ with open(dest / "aiter" / "__init__.py", "a") as f:  # the two other names vLLM
             "def mla_prefill_ps_asm_fwd(*a, **k):\n    raise NotImplementedError\n")
 sys.path.insert(0, str(dest))
 
-props = types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-", name="AMD Instinct MI355X",
-                              major=9, minor=5, total_memory=288 << 30, multi_processor_count=256)
-torch.cuda.get_device_properties = lambda *a, **k: props
-for name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._rocm_C"):
-    sys.modules[name] = types.ModuleType(name)
+from tests.fakes import gfx950
+gfx950.stand_in()
 
 from mla_plugins.vllm import register
 register()
@@ -46,9 +43,7 @@ def parent_init(self, num_heads, head_size, scale, num_kv_heads, *args, **kwargs
     self.qk_nope_head_dim, self.qk_rope_head_dim = kwargs["qk_nope_head_dim"], kwargs["qk_rope_head_dim"]
     self.v_head_dim = kwargs["v_head_dim"]
 MLACommonImpl.__init__ = parent_init
-from vllm.platforms import current_platform
-# 0.33's AiterMLAImpl.__init__ asks the platform for its compute units: as ROCm's does
-current_platform.num_compute_units = lambda device_id=0: props.multi_processor_count
+gfx950.answer_compute_units()
 
 H, DV, TILE = 16, 128, 256
 impl = AiterMLAImpl(H, 576, 0.1, 1, None, None, "fp8", None, "decoder", None,

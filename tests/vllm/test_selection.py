@@ -12,6 +12,7 @@ import torch
 
 from mla_plugins.demo.tiny_model import build_tiny_deepseek_v2
 from mla_plugins.vllm import register
+from tests.fakes import gfx950
 
 OURS = "MLAPluginsPrefillBackend"
 
@@ -77,12 +78,10 @@ def gpu_platform(request, monkeypatch):
         cap = (9, 0)
     else:
         # vllm.platforms.rocm reads the GCN arch at import: give it an MI355 (gfx950)
-        props = types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-", name="AMD Instinct MI355X",
-                                      major=9, minor=5, total_memory=288 << 30, multi_processor_count=256)
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: gfx950.PROPS)
         # rocm.py imports the GPU op libraries for their side effects; this CPU wheel's vllm._C
         # is not for this CPU platform (it dies with SIGILL here), so stand in empty modules
-        for name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._rocm_C"):
+        for name in gfx950.VLLM_GPU_LIBRARIES:
             monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
         from vllm.platforms.rocm import RocmPlatform as cls
         cap = (9, 5)
