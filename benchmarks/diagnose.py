@@ -33,8 +33,8 @@ CASES = [
 def one(spec):
     import torch
 
+    from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.triton_kernel import BF16_CONFIG, FP8_CONFIG, run_prefill
-    from mla_plugins.core.plan import plan_prefill
     from tests.core.helpers import random_batch
     from tests.gpu.conftest import make_inputs, reference_on_device, rel_err
 

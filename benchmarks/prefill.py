@@ -185,8 +185,8 @@ def _warm_one(args):
     fp8, cfg = args
     try:
         sys.path.insert(0, os.getcwd())
+        from mla_plugins.core.api import plan_prefill
         from mla_plugins.core.kernels.triton_kernel import TileConfig
-        from mla_plugins.core.plan import plan_prefill
 
         config = TileConfig(**cfg)
         q, k, v, cq, ck = make_batch([300], [300], 16, "cuda", seed=1)
@@ -216,8 +216,8 @@ def precompile(jobs, workers=8):
 
 
 def sweep(args):
+    from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.triton_kernel import TileConfig
-    from mla_plugins.core.plan import plan_prefill
 
     device = torch.device("cuda")
     configs = []
@@ -276,6 +276,7 @@ def variants(args):
     each with its own plan (tile_q = the variant's block_m)."""
     from dataclasses import replace
 
+    from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.triton_kernel import (
         FP8_CONFIG,
         GLUON_FP8_CONFIG,
@@ -283,7 +284,6 @@ def variants(args):
         split_workers,
     )
     from mla_plugins.core.kernels.triton_reduce import reduce
-    from mla_plugins.core.plan import plan_prefill
     from tests.gpu.conftest import make_inputs, reference_on_device, rel_err
 
     device = torch.device("cuda")

@@ -21,13 +21,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def main():
     from prefill import SHAPES, make_batch
 
+    from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels import triton_quant as tq
     from mla_plugins.core.kernels.triton_kernel import (
         FP8_CONFIG,
         GLUON_FP8_CONFIG,
         run_prefill,
     )
-    from mla_plugins.core.plan import plan_prefill
     from tests.gpu.conftest import make_inputs
 
     ap = argparse.ArgumentParser()

@@ -1,11 +1,11 @@
 """Framework-free core: plan, kernels, reduce, AITER binding, kernel registry."""
 
 from .aiter import AiterStatus, aiter_get_ps_metadata_v1, aiter_mla_reduce_v1, probe_aiter
-from .api import available_kernels, mla_prefill, mla_reduce, unsupported_reasons
+from .api import available_kernels, mla_prefill, mla_reduce, plan_prefill, unsupported_reasons
 from .imports import after_import
 from .kernels import hookimpl
 from .kernels.base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
-from .plan import PrefillPlan, plan_prefill
+from .plan import PrefillPlan
 from .registry import KernelNotSupportedError, get_registry
 from .settings import flag as env_flag
 from .settings import fp8_requested, pinned_kernel, shim_enabled

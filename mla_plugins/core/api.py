@@ -1,15 +1,24 @@
-"""The public entry points: `mla_prefill`, `mla_reduce`, `available_kernels`, `unsupported_reasons`."""
+"""The public entry points: `plan_prefill`, `mla_prefill`, `mla_reduce`, `available_kernels`,
+`unsupported_reasons`.
+
+The core reads in one direction: `plan` (the plan and the planner) <- `kernels` (each kernel
+plans and runs) <- `registry` (finds the kernels, chooses one) <- `api` (this module: checks
+the arguments, asks the registry, plans, runs). Choosing a kernel for a batch is done here,
+one floor above the plan.
+"""
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import replace
 
 import torch
 
 from .device import fp8_dtype_for
-from .kernels.base import ConfigInputs, KernelInfo, PrefillInputs, ReduceInputs
-from .plan import PrefillPlan, cached_plan, host_offsets
+from .kernels.base import ConfigInputs, KernelInfo, PlanRequest, PrefillInputs, ReduceInputs
+from .plan import PrefillPlan, host_offsets, normalize_device
 from .registry import get_registry
 from .settings import pinned_kernel
 from .trace import record_prefill, tracing
@@ -23,12 +32,107 @@ from .validation import (
     check_dtype,
     check_nonnegative_int,
     check_not_meta,
+    check_plan_param,
     check_positive_int,
     check_reduce_maps,
     check_same_device,
     check_tensor,
     check_writable_layout,
 )
+
+
+def plan_prefill(
+    cu_seqlens_q,
+    cu_seqlens_k,
+    *,
+    num_heads: int,
+    causal: bool = True,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    fp8: bool | None = None,
+    head_dim_qk: int = 192,
+    head_dim_v: int = 128,
+    kernel: str = "auto",
+    tile_q: int | None = None,
+    kv_granularity: int | None = None,
+    num_workers: int | None = None,
+) -> PrefillPlan:
+    """Plan the split-KV prefill of one varlen batch, for the kernel that will run it.
+
+    cu_seqlens_q, cu_seqlens_k: offsets [B+1] from 0, non-decreasing, given on the host
+    (lists/tuples of ints, CPU int tensors: no device read) or as int32 device tensors
+    (then read once, both together). `device` is where the plan and the run live
+    (default: the offsets' device). `kernel="auto"` picks the kernel for this batch as
+    `mla_prefill` would (dtype, fp8, head dims, MLA_PLUGINS_KERNEL) and plans with its own
+    parameters; `tile_q`, `kv_granularity` and `num_workers` override those parameters.
+    fp8=None plans for either compute mode (selection as for fp8=True).
+    """
+    cq, ck = host_offsets(cu_seqlens_q, cu_seqlens_k)
+    check_positive_int("num_heads", num_heads)
+    if num_heads >= 1 << 15:
+        raise ValueError(f"num_heads: found {num_heads}, expected fewer than 32768")
+    for name, flag in (("causal", causal), ("fp8", fp8)):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
+    check_positive_int("head_dim_qk", head_dim_qk)
+    check_positive_int("head_dim_v", head_dim_v)
+    overrides = {}
+    for name, value in (("tile_q", tile_q), ("kv_granularity", kv_granularity),
+                        ("num_workers", num_workers)):
+        if value is not None:
+            check_plan_param(name, value)  # bounded: a huge worker count would hang the planner
+            overrides[name] = value
+    if device is None:
+        device = cu_seqlens_q.device if isinstance(cu_seqlens_q, torch.Tensor) else "cpu"
+    request = PlanRequest(
+        seqlens_host=(tuple(cq), tuple(ck)),
+        num_heads=num_heads,
+        causal=causal,
+        device=normalize_device(device),
+        dtype=dtype,
+        fp8=True if fp8 is None else fp8,
+        fp8_given=fp8 is not None,
+        head_dim_qk=head_dim_qk,
+        head_dim_v=head_dim_v,
+        overrides=overrides,
+    )
+    chosen = get_registry().select(request, kernel)
+    plan = chosen.build_plan(request)
+    plan.memo["kernel"] = chosen
+    return plan
+
+
+
+
+_CACHE_SIZE = 16
+_cache: OrderedDict[tuple, PrefillPlan] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def cached_plan(host, *, num_heads: int, causal: bool, device: torch.device, dtype: torch.dtype,
+                fp8: bool, head_dim_qk: int, head_dim_v: int, kernel) -> PrefillPlan:
+    """The plan of `kernel` for a call without one, remembered by batch.
+
+    A framework calls the prefill once per layer with the same batch: the plan is built
+    on the first layer and found by its sequence lengths (read once per call) after.
+    """
+    key = (host, num_heads, causal, str(device), dtype, fp8, head_dim_qk, head_dim_v, kernel.name)
+    with _cache_lock:
+        plan = _cache.get(key)
+        if plan is not None:
+            _cache.move_to_end(key)
+            return plan
+    request = PlanRequest(
+        seqlens_host=host, num_heads=num_heads, causal=causal, device=device, dtype=dtype,
+        fp8=fp8, fp8_given=True, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, overrides={},
+    )
+    plan = kernel.build_plan(request)
+    plan.memo["kernel"] = kernel
+    with _cache_lock:
+        _cache[key] = plan
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return plan
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,6 @@ may be fed to the other side's kernels; the AITER provider runs AITER's own plan
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -62,7 +60,6 @@ from .validation import (
     check_device,
     check_partial_rows,
     check_plan_param,
-    check_positive_int,
     check_tensor,
 )
 
@@ -164,7 +161,7 @@ class PrefillPlan:
         }
 
 
-def _normalize_device(device) -> torch.device:
+def normalize_device(device) -> torch.device:
     device = check_device("device", device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
@@ -207,70 +204,6 @@ def host_offsets(cu_seqlens_q, cu_seqlens_k, *, cpu_int64: bool = True) -> tuple
     hosts = [t.tolist() if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
              for t in (cu_seqlens_q, cu_seqlens_k)]
     return check_cu_seqlens(*hosts)
-
-
-def plan_prefill(
-    cu_seqlens_q,
-    cu_seqlens_k,
-    *,
-    num_heads: int,
-    causal: bool = True,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.bfloat16,
-    fp8: bool | None = None,
-    head_dim_qk: int = 192,
-    head_dim_v: int = 128,
-    kernel: str = "auto",
-    tile_q: int | None = None,
-    kv_granularity: int | None = None,
-    num_workers: int | None = None,
-) -> PrefillPlan:
-    """Plan the split-KV prefill of one varlen batch, for the kernel that will run it.
-
-    cu_seqlens_q, cu_seqlens_k: offsets [B+1] from 0, non-decreasing, given on the host
-    (lists/tuples of ints, CPU int tensors: no device read) or as int32 device tensors
-    (then read once, both together). `device` is where the plan and the run live
-    (default: the offsets' device). `kernel="auto"` picks the kernel for this batch as
-    `mla_prefill` would (dtype, fp8, head dims, MLA_PLUGINS_KERNEL) and plans with its own
-    parameters; `tile_q`, `kv_granularity` and `num_workers` override those parameters.
-    fp8=None plans for either compute mode (selection as for fp8=True).
-    """
-    from .kernels.base import PlanRequest
-    from .registry import get_registry
-
-    cq, ck = host_offsets(cu_seqlens_q, cu_seqlens_k)
-    check_positive_int("num_heads", num_heads)
-    if num_heads >= 1 << 15:
-        raise ValueError(f"num_heads: found {num_heads}, expected fewer than 32768")
-    for name, flag in (("causal", causal), ("fp8", fp8)):
-        if flag is not None and not isinstance(flag, bool):
-            raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
-    check_positive_int("head_dim_qk", head_dim_qk)
-    check_positive_int("head_dim_v", head_dim_v)
-    overrides = {}
-    for name, value in (("tile_q", tile_q), ("kv_granularity", kv_granularity),
-                        ("num_workers", num_workers)):
-        if value is not None:
-            check_plan_param(name, value)  # bounded: a huge worker count would hang the planner
-            overrides[name] = value
-    if device is None:
-        device = cu_seqlens_q.device if isinstance(cu_seqlens_q, torch.Tensor) else "cpu"
-    request = PlanRequest(
-        seqlens_host=(tuple(cq), tuple(ck)),
-        num_heads=num_heads,
-        causal=causal,
-        device=_normalize_device(device),
-        dtype=dtype,
-        fp8=True if fp8 is None else fp8,
-        fp8_given=fp8 is not None,
-        head_dim_qk=head_dim_qk,
-        head_dim_v=head_dim_v,
-        overrides=overrides,
-    )
-    chosen = get_registry().select(request, kernel)
-    plan = chosen.build_plan(request)
-    plan.memo["kernel"] = chosen
-    return plan
 
 
 def build_core_plan(request, *, kernel: str, tile_q: int = 256, kv_granularity: int = 128,
@@ -412,38 +345,4 @@ def build_core_plan(request, *, kernel: str, tile_q: int = 256, kv_granularity: 
     )
 
 
-_CACHE_SIZE = 16
-_cache: OrderedDict[tuple, PrefillPlan] = OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def cached_plan(host, *, num_heads: int, causal: bool, device: torch.device, dtype: torch.dtype,
-                fp8: bool, head_dim_qk: int, head_dim_v: int, kernel) -> PrefillPlan:
-    """The plan of `kernel` for a call without one, remembered by batch.
-
-    A framework calls the prefill once per layer with the same batch: the plan is built
-    on the first layer and found by its sequence lengths (read once per call) after.
-    """
-    from .kernels.base import PlanRequest
-
-    key = (host, num_heads, causal, str(device), dtype, fp8, head_dim_qk, head_dim_v, kernel.name)
-    with _cache_lock:
-        plan = _cache.get(key)
-        if plan is not None:
-            _cache.move_to_end(key)
-            return plan
-    request = PlanRequest(
-        seqlens_host=host, num_heads=num_heads, causal=causal, device=device, dtype=dtype,
-        fp8=fp8, fp8_given=True, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, overrides={},
-    )
-    plan = kernel.build_plan(request)
-    plan.memo["kernel"] = kernel
-    with _cache_lock:
-        _cache[key] = plan
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return plan
-
-
-__all__ = ["WORK_INFO_FIELDS", "PrefillPlan", "build_core_plan", "cached_plan", "host_offsets",
-           "plan_prefill"]
+__all__ = ["WORK_INFO_FIELDS", "PrefillPlan", "build_core_plan", "host_offsets", "normalize_device"]

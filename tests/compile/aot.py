@@ -127,8 +127,8 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
     host code (`TritonKernel._run_ordinary`: the workspace views, the quantization, phase 1
     with `config`, the reduce of a split plan), on CPU tensors shaped as on the device."""
+    from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.base import PrefillInputs
-    from mla_plugins.core.plan import plan_prefill
     from tests.core.helpers import random_batch, vllm_v_view
 
     heads, lens = batch
