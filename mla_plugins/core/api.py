@@ -17,6 +17,7 @@ from dataclasses import replace
 import torch
 
 from .device import fp8_dtype_for
+from .fp8 import rotation_applies
 from .kernels.base import ConfigInputs, KernelInfo, PlanRequest, PrefillInputs, ReduceInputs
 from .plan import PrefillPlan, host_offsets, normalize_device
 from .registry import get_registry
@@ -190,7 +191,8 @@ def _read_offsets(cu_seqlens_q, cu_seqlens_k, q) -> tuple[list[int], list[int]]:
     return host_offsets(cu_seqlens_q, cu_seqlens_k, cpu_int64=False)
 
 
-def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan) -> PrefillInputs:
+def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan,
+                    fp8_rotate=None) -> PrefillInputs:
     """Checked inputs of one call. With a plan the offsets come from the plan (the caller's
     `cu_seqlens_q`/`cu_seqlens_k`, if any, are not read); without one they are read once."""
     if plan is not None and not isinstance(plan, PrefillPlan):
@@ -208,6 +210,9 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
     for name, flag in (("causal", causal), ("fp8", fp8)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
+    if fp8_rotate is not None and not isinstance(fp8_rotate, bool):
+        raise TypeError(f"fp8_rotate: found {type(fp8_rotate).__name__}, expected bool or None")
+    rotate = fp8 and rotation_applies(q.shape[2], fp8_rotate)
     if plan is not None:
         found = (plan.total_q, plan.total_k, plan.num_heads, plan.causal)
         expected = (q.shape[0], k.shape[0], q.shape[1], causal)
@@ -229,7 +234,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
             cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k,
             softmax_scale=softmax_scale, causal=causal, fp8=fp8, fp8_dtype=fp8_dtype,
             max_seqlen_q=plan.max_seqlen_q, max_seqlen_k=plan.max_seqlen_k,
-            seqlens_host=plan.cu_seqlens_host,
+            seqlens_host=plan.cu_seqlens_host, fp8_rotate=rotate,
         )
     cq, ck = _read_offsets(cu_seqlens_q, cu_seqlens_k, q)
     if cq[-1] != q.shape[0]:
@@ -251,6 +256,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
         max_seqlen_q=max(lens_q, default=0),
         max_seqlen_k=max(lens_k, default=0),
         seqlens_host=(tuple(cq), tuple(ck)),
+        fp8_rotate=rotate,
     )
 
 
@@ -279,12 +285,14 @@ def _call_signature(q, k, v, softmax_scale, out) -> tuple:
             None if out is None else (out.shape, out.stride(), out.dtype, out.device))
 
 
-def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace):
+def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace,
+                  fp8_rotate):
     """A layer's call of a batch whose arguments look like one this plan accepted: every
     check of the full path is a function of the signature, the flags and the plan, so none
     is repeated (the per-call host cost of a serving loop). None: take the full path."""
     memo = plan.memo.get("call")
-    if memo is None or memo[1] is not causal or memo[2] is not fp8 or memo[3] is not return_lse:
+    if (memo is None or memo[1] is not causal or memo[2] is not fp8 or memo[3] is not return_lse
+            or memo[5] is not fp8_rotate):
         return None
     try:
         signature = _call_signature(q, k, v, softmax_scale, out)
@@ -292,10 +300,10 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
         return None
     if signature != memo[0]:
         return None
-    chosen, scale, causal, fp8, fp8_dtype, out_shape = memo[4]
+    chosen, scale, causal, fp8, fp8_dtype, out_shape, rotate = memo[4]
     inputs = PrefillInputs(
         _unit_stride(q), _unit_stride(k), _unit_stride(v), plan.cu_seqlens_q, plan.cu_seqlens_k, scale, causal, fp8,
-        fp8_dtype, plan.max_seqlen_q, plan.max_seqlen_k, plan.cu_seqlens_host,
+        fp8_dtype, plan.max_seqlen_q, plan.max_seqlen_k, plan.cu_seqlens_host, rotate,
     )
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
@@ -322,6 +330,7 @@ def mla_prefill(
     plan: PrefillPlan | None = None,
     kernel: str = "auto",
     workspace: torch.Tensor | None = None,
+    fp8_rotate: bool | None = None,
 ):
     """Varlen MLA prefill attention (MHA form), split-KV planned and LSE-reduced.
 
@@ -339,13 +348,19 @@ def mla_prefill(
     shared one (grown when needed, reused). Returns out [total_q, H, Dv] in q's dtype, or
     (out, lse) with lse float32 [total_q, H] (natural log) for every row when
     return_lse=True. Rows that see no key: 0 and -inf.
+    fp8_rotate: in fp8, multiply q and k by core/fp8.py's orthonormal rotation before the cast
+    (the same logits; outlier features no longer dominate the rounding). None:
+    MLA_PLUGINS_FP8_ROTATE (default on) for a 192-wide query/key head.
     """
-    if plan is not None and kernel == "auto" and type(plan) is PrefillPlan:
-        result = _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace)
+    if plan is not None and type(plan) is PrefillPlan and (
+            kernel == "auto" or kernel == plan.kernel):
+        result = _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace,
+                               fp8_rotate)
         if result is not None:
             return result
-    given = (plan, softmax_scale, causal, fp8, out)
-    inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan)
+    given = (plan, softmax_scale, causal, fp8, out, fp8_rotate)
+    inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan,
+                             fp8_rotate)
     out_shape = (q.shape[0], q.shape[1], v.shape[2])
     if out is not None:
         check_tensor("out", out, ndim=3)
@@ -375,13 +390,15 @@ def mla_prefill(
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=q.shape[0], k_tokens=k.shape[0],
                        heads=q.shape[1])
-    if (given[0] is not None and kernel == "auto" and inputs.dtype == plan.dtype
+    if (given[0] is not None and kernel in ("auto", plan.kernel) and inputs.dtype == plan.dtype
             and chosen is plan.memo.get("kernel")):
         # every check above passed for this signature: the batch's next layers skip them
-        _, scale, causal_given, fp8_given, out_given = given
+        _, scale, causal_given, fp8_given, out_given, rotate_given = given
         plan.memo["call"] = (
             _call_signature(q, k, v, scale, out_given), causal_given, fp8_given, return_lse,
-            (chosen, inputs.softmax_scale, inputs.causal, inputs.fp8, inputs.fp8_dtype, out_shape),
+            (chosen, inputs.softmax_scale, inputs.causal, inputs.fp8, inputs.fp8_dtype, out_shape,
+             inputs.fp8_rotate),
+            rotate_given,
         )
     return (out, lse) if return_lse else out
 

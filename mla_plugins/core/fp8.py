@@ -19,10 +19,32 @@ tensor): the same scale over the whole tensor, with the same NaN-aware amax, and
 x / scale (torch's division, which the provider's in-place staging reproduces): a NaN
 anywhere makes the scale NaN (it used to turn it into 1 silently and clamp everyone at
 the fp8 maximum). Per-tensor scales couple every sequence of a packed batch.
+
+Per (sequence, head) (`head_quantize`: the FlashAttention-3 provider, whose FP8 kernel takes
+one descale per (sequence, head), `[batch, heads]`): the block rule with one block per
+sequence. It couples no two requests either.
+
+Rotation (incoherent processing, `fp8_rotate`, on by default for a 192-wide query/key
+head): before the cast, q and k are multiplied by the same fixed orthonormal matrix
+R = diag(signs) (H12 ⊗ H16) / sqrt(192) (Paley's Hadamard matrix of order 12 times
+Sylvester's of order 16: every entry is ±1/sqrt(192)). q R (k R)^T = q k^T, so every logit,
+the output and the lse are those of the unrotated inputs in exact arithmetic; what changes is
+the rounding: a feature far larger than the others (keys and queries of real models carry
+such outlier features) is spread evenly over all 192 rotated features, so the logit stops
+being dominated by a few coarsely rounded products. v and the output are not rotated.
+Kernels compute (x @ M) * ROTATION_SCALE in float32 with M the ±1 matrix (`rotation_pm1`,
+exact in bf16/fp16/fp8); the torch kernel and the reference rotate in float64 (exact sums of
+bf16 inputs) and round to float32. The scale of a rotated block is not the amax of the
+rotated values but the bound every one of them obeys, |(x R)_i| <= sum_j |x_j| / sqrt(192)
+(`l1_bound`), taken over the block's rows: known from the unrotated input, so a kernel sets
+the scale before it rotates (the per-(sequence, head) rule reads the sequence once for its
+scales and once to rotate and cast) and a large finite input cannot overflow it the way a
+sum of squares would. Measured (benchmarks/NOTES.md): no loss against the exact amax.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -30,6 +52,83 @@ import torch
 #: rows per scale block, counted from each sequence's start: queries, and keys/values
 Q_BLOCK = 64
 KV_BLOCK = 128
+
+#: the query/key head width the rotation is defined for (128 "nope" + 64 "rope" features)
+ROTATION_DIM = 192
+#: the magnitude of every entry of the rotation: 1 / sqrt(192)
+ROTATION_SCALE = ROTATION_DIM ** -0.5
+#: feature j's sign (bit j), drawn once (random.Random(20261202)) and frozen: random signs keep
+#: outliers on neighbouring features from adding up in the same rotated feature
+ROTATION_SIGNS = 0x91E76681002295C1CB44DECA7D02098321203E18328A85B2
+
+
+def _paley12() -> list[list[int]]:
+    """Paley's Hadamard matrix of order 12 (from the quadratic residues mod 11)."""
+    p = 11
+    residues = {(i * i) % p for i in range(1, p)}
+
+    def chi(a: int) -> int:
+        return 0 if a % p == 0 else (1 if a % p in residues else -1)
+
+    h = [[1] * 12] + [[-1] + [chi(j - i) for j in range(p)] for i in range(p)]
+    for i in range(12):  # S + I, S skew-symmetric
+        h[i][i] = 1
+    return h
+
+
+@functools.cache
+def _pm1_rows() -> tuple[tuple[int, ...], ...]:
+    """The ±1 matrix M = diag(signs) (H12 ⊗ H16): row j is input feature j."""
+    h16 = [[1]]
+    while len(h16) < 16:
+        h16 = [r + r for r in h16] + [r + [-x for x in r] for r in h16]
+    h12 = _paley12()
+    rows = []
+    for j in range(ROTATION_DIM):
+        sign = -1 if (ROTATION_SIGNS >> j) & 1 else 1
+        a, b = divmod(j, 16)
+        rows.append(tuple(sign * h12[a][c // 16] * h16[b][c % 16] for c in range(ROTATION_DIM)))
+    return tuple(rows)
+
+
+def rotation_pm1(dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """M [192, 192] with entries ±1 (exact in every float format): x R = (x @ M) * ROTATION_SCALE."""
+    return torch.tensor(_pm1_rows(), dtype=dtype, device=device)
+
+
+def rotation_matrix(dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
+    """R [192, 192], orthonormal: R @ R.T == I."""
+    return rotation_pm1(torch.float64, device).mul_(ROTATION_SCALE).to(dtype)
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """float32 x @ R over the last dim (192): summed in float64, where the sums of bf16/fp16
+    inputs are exact, so a row's result never depends on the rows beside it."""
+    m = rotation_pm1(torch.float64, x.device)
+    return (x.double() @ m).mul_(ROTATION_SCALE).float()
+
+
+def l1_bound(x: torch.Tensor) -> torch.Tensor:
+    """float32 [...]: sum_j |x_j| * ROTATION_SCALE over the last dim, which bounds every
+    rotated value |(x R)_i| of the row (NaN propagates, inf stays inf)."""
+    return x.float().abs().sum(dim=-1).mul_(ROTATION_SCALE)
+
+
+def rotation_applies(head_dim_qk: int, fp8_rotate: bool | None) -> bool:
+    """Whether q and k are rotated: `fp8_rotate` (None: MLA_PLUGINS_FP8_ROTATE, default on),
+    for the 192-wide head the rotation is defined for. An explicit True with another head
+    width raises ValueError naming the argument."""
+    if fp8_rotate is None:
+        from .settings import fp8_rotate_enabled
+
+        return head_dim_qk == ROTATION_DIM and fp8_rotate_enabled()
+    if fp8_rotate and head_dim_qk != ROTATION_DIM:
+        raise ValueError(
+            f"fp8_rotate: found True with query/key head dim {head_dim_qk}, expected head dim "
+            f"{ROTATION_DIM} (the rotation is defined for 128 + 64 features); pass "
+            "fp8_rotate=None or False"
+        )
+    return bool(fp8_rotate)
 
 
 def fp8_max(fp8_dtype: torch.dtype) -> float:
@@ -73,14 +172,17 @@ def _row_blocks(cu_seqlens: Sequence[int], block: int, device) -> tuple[torch.Te
 
 
 def block_scales(x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.dtype, *,
-                 block: int) -> torch.Tensor:
+                 block: int, rotated: bool = False) -> torch.Tensor:
     """float32 [T, H]: the scale of each row's (block, head) for x [T, H, D], blocks of
-    `block` rows (Q_BLOCK or KV_BLOCK); rows past cu_seqlens[-1], if any, get 1."""
+    `block` rows (Q_BLOCK, KV_BLOCK, or a block longer than any sequence for one scale per
+    sequence); rows past cu_seqlens[-1], if any, get 1. `rotated`: x is the unrotated input
+    of a rotated operand, and the block's scale is the largest `l1_bound` of its rows."""
     cu = [int(c) for c in cu_seqlens]
     total, heads = x.shape[0], x.shape[1]
     rows, nblk = _row_blocks(cu, block, x.device)
     used = cu[-1] if cu else 0
-    row_amax = x[:used].abs().float().amax(dim=-1)  # [T, H]; NaN propagates
+    # [T, H]; NaN propagates
+    row_amax = l1_bound(x[:used]) if rotated else x[:used].abs().float().amax(dim=-1)
     nan = torch.isnan(row_amax)
     index = rows[:, None].expand(-1, heads)
     blk_amax = torch.zeros(nblk, heads, device=x.device)
@@ -94,18 +196,21 @@ def block_scales(x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.dt
 
 
 def block_quantize(
-    x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.dtype, *, block: int
+    x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.dtype, *, block: int,
+    rotate_: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x_fp8 [T, H, D], per-row scales float32 [T, H]) under the block rule, blocks of
-    `block` rows (Q_BLOCK for q, KV_BLOCK for k and v).
+    `block` rows (Q_BLOCK for q, KV_BLOCK for k and v). `rotate_`: x_fp8 holds x R (q and k
+    under the rotation), scaled by the `l1_bound` rule.
 
     x_fp8 is always finite: where x * (1 / scale) is NaN (a block holding a NaN or an inf, whose
     scale is NaN or inf) it is 0. The block's scale still carries the NaN/inf into every
     result computed from the block, and a kernel that reads a neighbour's masked-off fp8
     values (a tile or a TMA box past a sequence's end) multiplies zeros, not NaN.
     """
-    scale = block_scales(x, cu_seqlens, fp8_dtype, block=block)
-    return block_cast(x, scale, fp8_max(fp8_dtype)).to(fp8_dtype), scale
+    scale = block_scales(x, cu_seqlens, fp8_dtype, block=block, rotated=rotate_)
+    values = rotate(x) if rotate_ else x
+    return block_cast(values, scale, fp8_max(fp8_dtype)).to(fp8_dtype), scale
 
 
 def block_cast(x: torch.Tensor, scale: torch.Tensor, limit: float) -> torch.Tensor:
@@ -120,9 +225,33 @@ def block_dequantize(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x_fp8.float() * scale[..., None]
 
 
-def block_fake_quantize_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, fp8_dtype):
+def block_fake_quantize_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, fp8_dtype, *,
+                            rotate_: bool = False, per_sequence: bool = False):
     """float32 (q, k, v) quantized and dequantized by the block rule: what the block-scaled
-    fp8 kernels compute from (the torch kernel and the float64 reference use it)."""
-    return (block_dequantize(*block_quantize(q, cu_seqlens_q, fp8_dtype, block=Q_BLOCK)),
-            block_dequantize(*block_quantize(k, cu_seqlens_k, fp8_dtype, block=KV_BLOCK)),
-            block_dequantize(*block_quantize(v, cu_seqlens_k, fp8_dtype, block=KV_BLOCK)))
+    fp8 kernels compute from (the torch kernel and the float64 reference use it).
+
+    rotate_: q and k come back rotated (q R, k R: the same logits, the rotation's rounding).
+    per_sequence: one scale per (sequence, head) (`head_quantize`'s rule) instead of blocks.
+    """
+    qb, kb = (SEQUENCE_BLOCK, SEQUENCE_BLOCK) if per_sequence else (Q_BLOCK, KV_BLOCK)
+    return (block_dequantize(*block_quantize(q, cu_seqlens_q, fp8_dtype, block=qb, rotate_=rotate_)),
+            block_dequantize(*block_quantize(k, cu_seqlens_k, fp8_dtype, block=kb, rotate_=rotate_)),
+            block_dequantize(*block_quantize(v, cu_seqlens_k, fp8_dtype, block=kb)))
+
+
+#: a block longer than any sequence: the block rule with one scale per (sequence, head)
+SEQUENCE_BLOCK = 1 << 62
+
+
+def head_quantize(x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.dtype, *,
+                  rotate_: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_fp8 [T, H, D], scales float32 [B, H]): one scale per (sequence, head), FA3's
+    descale layout; an empty sequence's scale is 1. The torch statement of what the FA3
+    provider's quantization kernel computes."""
+    x8, rows = block_quantize(x, cu_seqlens, fp8_dtype, block=SEQUENCE_BLOCK, rotate_=rotate_)
+    cu = [int(c) for c in cu_seqlens]
+    scales = torch.ones(len(cu) - 1, x.shape[1], device=x.device)
+    for b in range(len(cu) - 1):
+        if cu[b + 1] > cu[b]:
+            scales[b] = rows[cu[b]]
+    return x8, scales

@@ -18,19 +18,24 @@ def reference_attention(
     softmax_scale: float | None = None,
     causal: bool = True,
     fp8_dtype: torch.dtype | None = None,
+    fp8_rotate: bool = False,
+    fp8_per_sequence: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out float64 [total_q, H, Dv], lse float64 [total_q, H]) on the CPU.
 
     Causal is bottom-right aligned: row i of a sequence sees keys j <= i + k_len - q_len.
     Rows that see no key get 0 and -inf. With `fp8_dtype`, q, k and v are first quantized
     and dequantized by core/fp8.py's block rule (what the fp8 kernels compute from), then
-    everything runs in float64 as without it.
+    everything runs in float64 as without it. `fp8_rotate`: q and k are rotated before the
+    cast (the rotation leaves every logit unchanged; only the rounding differs);
+    `fp8_per_sequence`: one scale per (sequence, head), the FA3 provider's rule.
     """
     if fp8_dtype is not None:
         from .fp8 import block_fake_quantize_qkv
 
         q, k, v = block_fake_quantize_qkv(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(),
-                                          cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), fp8_dtype)
+                                          cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), fp8_dtype,
+                                          rotate_=fp8_rotate, per_sequence=fp8_per_sequence)
     q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()

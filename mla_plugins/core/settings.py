@@ -8,6 +8,8 @@ MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL  vLLM: on keeps chunked prefill for MLA mod
 MLA_PLUGINS_TRACE                     file that every process appends one JSON line per prefill to
 MLA_PLUGINS_GLUON                     off keeps the portable Triton fp8 kernel on Hopper instead
                                       of the Gluon one (default on)
+MLA_PLUGINS_FP8_ROTATE                off turns off the fp8 rotation of q and k (core/fp8.py;
+                                      default on)
 
 Every on/off variable is parsed here, by `flag`, with the same spellings (1/0, true/false,
 yes/no, on/off, any case, surrounding blanks ignored; unset or empty = the default). Any
@@ -34,6 +36,8 @@ FLAGS: dict[str, bool | None] = {
     "MLA_PLUGINS_SHIM": True,
     "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
     "MLA_PLUGINS_GLUON": True,
+    # off until every fp8 kernel follows the rotation (the Triton quantization)
+    "MLA_PLUGINS_FP8_ROTATE": False,
 }
 
 _warned: set[tuple[str, str]] = set()
@@ -102,6 +106,11 @@ def cpu_chunked_prefill_requested() -> bool:
 def gluon_enabled() -> bool:
     """Whether the Hopper fp8 path may use the Gluon kernel (kernels/gluon_attention.py)."""
     return bool(flag("MLA_PLUGINS_GLUON", FLAGS["MLA_PLUGINS_GLUON"]))
+
+
+def fp8_rotate_enabled() -> bool:
+    """Whether fp8 rotates q and k by default (core/fp8.py; `fp8_rotate=` overrides per call)."""
+    return bool(flag("MLA_PLUGINS_FP8_ROTATE", FLAGS["MLA_PLUGINS_FP8_ROTATE"]))
 
 
 def trace_path() -> str | None:

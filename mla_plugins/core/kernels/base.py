@@ -43,6 +43,9 @@ class PrefillInputs:
     max_seqlen_k: int
     #: host copies of (cu_seqlens_q, cu_seqlens_k) when the caller already read them
     seqlens_host: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    #: fp8: q and k are rotated before the cast (core/fp8.py's rotation), resolved from the
+    #: call's `fp8_rotate` and MLA_PLUGINS_FP8_ROTATE; False when fp8 is off
+    fp8_rotate: bool = False
     op: ClassVar[str] = "prefill"
 
     @property

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 
 def _compute_operands(inputs: PrefillInputs, cq, ck) -> tuple[torch.Tensor, ...]:
-    """float32 q, k, v; in fp8, quantized and dequantized by core/fp8.py's block rule, as
-    the Triton and Gluon kernels compute."""
+    """float32 q, k, v; in fp8, quantized and dequantized by core/fp8.py's block rule (q and
+    k rotated first when `inputs.fp8_rotate`), as the Triton and Gluon kernels compute."""
     if inputs.fp8:
-        return block_fake_quantize_qkv(inputs.q, inputs.k, inputs.v, cq, ck, inputs.fp8_dtype)
+        return block_fake_quantize_qkv(inputs.q, inputs.k, inputs.v, cq, ck, inputs.fp8_dtype,
+                                       rotate_=inputs.fp8_rotate)
     return inputs.q.float(), inputs.k.float(), inputs.v.float()
 
 
