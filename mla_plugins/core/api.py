@@ -97,8 +97,13 @@ def plan_prefill(
         head_dim_v=head_dim_v,
         overrides=overrides,
     )
-    chosen = get_registry().select(request, kernel)
+    chosen, run_fp8 = get_registry().choose(request, kernel, allow_bf16=fp8 is True)
+    auto_bf16 = fp8 is True and not run_fp8
+    if auto_bf16:
+        request = replace(request, fp8=False)
     plan = chosen.build_plan(request)
+    if auto_bf16:
+        plan = replace(plan, auto_bf16=True)
     plan.memo["kernel"] = chosen
     return plan
 
@@ -221,6 +226,9 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
                 f"plan: found (total_q, total_k, num_heads, causal) = {found}, expected {expected}; "
                 "build it with plan_prefill() from these cu_seqlens, num_heads and causal"
             )
+        if plan.auto_bf16 and fp8:
+            fp8 = False  # kernel="auto" measured bf16 faster for this batch (plan_prefill)
+            rotate = False
         if plan.fp8 is not None and plan.fp8 != fp8:
             raise ValueError(
                 f"fp8: found {fp8}, expected {plan.fp8} like the plan (plan_prefill(fp8=...)); "
@@ -300,6 +308,7 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
         return None
     if signature != memo[0]:
         return None
+    given_fp8 = fp8
     chosen, scale, causal, fp8, fp8_dtype, out_shape, rotate = memo[4]
     inputs = PrefillInputs(
         _unit_stride(q), _unit_stride(k), _unit_stride(v), plan.cu_seqlens_q, plan.cu_seqlens_k, scale, causal, fp8,
@@ -310,8 +319,8 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
     lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
     chosen.run(inputs, plan, out, lse, workspace)
     if tracing():
-        record_prefill(kernel=chosen.name, fp8=fp8, q_tokens=out_shape[0], k_tokens=plan.total_k,
-                       heads=out_shape[1])
+        record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=out_shape[0], k_tokens=plan.total_k,
+                       heads=out_shape[1], auto_bf16=plan.auto_bf16 and given_fp8 is True)
     return (out, lse) if return_lse else out
 
 
@@ -376,7 +385,9 @@ def mla_prefill(
     if plan is not None:
         chosen = _kernel_for_plan(plan, inputs, kernel)
     else:
-        chosen = get_registry().select(inputs, kernel)
+        chosen, run_fp8 = get_registry().choose(inputs, kernel, allow_bf16=inputs.fp8)
+        if inputs.fp8 and not run_fp8:
+            inputs = replace(inputs, fp8=False, fp8_rotate=False)
         plan = cached_plan(
             inputs.seqlens_host, num_heads=inputs.num_heads, causal=inputs.causal,
             device=inputs.device, dtype=inputs.dtype, fp8=inputs.fp8,
@@ -389,7 +400,8 @@ def mla_prefill(
     chosen.run(inputs, plan, out, lse, workspace)
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=q.shape[0], k_tokens=k.shape[0],
-                       heads=q.shape[1])
+                       heads=q.shape[1], auto_bf16=given[3] is True and not inputs.fp8 and (
+                           plan.auto_bf16 or kernel == "auto"))
     if (given[0] is not None and kernel in ("auto", plan.kernel) and inputs.dtype == plan.dtype
             and chosen is plan.memo.get("kernel")):
         # every check above passed for this signature: the batch's next layers skip them

@@ -126,6 +126,9 @@ class PrefillPlan:
     head_dim_qk: int = 192
     head_dim_v: int = 128
     workspace_bytes: int = 0
+    #: planned for fp8 with kernel="auto", but bf16 measured faster for this batch: calls that
+    #: say fp8=True run in bf16 (core/dispatch.py); False everywhere else
+    auto_bf16: bool = False
     extra: dict = field(default_factory=dict)
     #: what the running kernel derives from the plan once (workspace views, launch
     #: arguments); a memo, not part of what the plan says
@@ -345,4 +348,61 @@ def build_core_plan(request, *, kernel: str, tile_q: int = 256, kv_granularity: 
     )
 
 
-__all__ = ["WORK_INFO_FIELDS", "PrefillPlan", "build_core_plan", "host_offsets", "normalize_device"]
+def offsets_plan(request, *, kernel: str, extra: dict) -> PrefillPlan:
+    """The plan of a kernel that schedules its own work (FlashAttention-3): no work items,
+    no split tiles; the batch's host offsets, their int32 device copies (one copy) and its
+    lengths. `extra` marks the plan as that kernel's (no other kernel may run it: an empty
+    work list would leave their output unwritten)."""
+    cq, ck = request.seqlens_host
+    device = request.device
+    host = torch.tensor(list(cq) + list(ck), dtype=torch.int32)
+    packed = host.to(device) if device.type != "cpu" else host
+    n = len(cq)
+    lens_q = [b - a for a, b in zip(cq, cq[1:], strict=False)]
+    lens_k = [b - a for a, b in zip(ck, ck[1:], strict=False)]
+    empty = torch.zeros(0, dtype=torch.int32, device=device)
+    return PrefillPlan(
+        work_indptr=torch.zeros(1, dtype=torch.int32, device=device),
+        work_info=empty.view(0, 8),
+        reduce_indptr=torch.zeros(1, dtype=torch.int32, device=device),
+        reduce_final_map=empty.view(0, 2),
+        reduce_partial_map=empty,
+        num_partial_tiles=0,
+        tile_q=256,
+        kv_granularity=128,
+        num_workers=1,
+        num_heads=request.num_heads,
+        num_clusters=1,
+        causal=request.causal,
+        total_q=cq[-1],
+        total_k=ck[-1],
+        max_seqlen_q=max(lens_q, default=0),
+        max_seqlen_k=max(lens_k, default=0),
+        num_tiles=0,
+        work_info_cpu=torch.zeros(0, 8, dtype=torch.int32),
+        cu_seqlens_host=(tuple(cq), tuple(ck)),
+        cu_seqlens_q=packed[:n],
+        cu_seqlens_k=packed[n:],
+        device=device,
+        kernel=kernel,
+        fp8=request.fp8 if request.fp8_given else None,
+        dtype=request.dtype,
+        head_dim_qk=request.head_dim_qk,
+        head_dim_v=request.head_dim_v,
+        extra=extra,
+    )
+
+
+def rows_without_keys(cu_seqlens_host, causal: bool) -> bool:
+    """Whether some query row of the batch sees no key: a sequence with queries and no
+    keys, or (causal, bottom-right) fewer keys than queries."""
+    cq, ck = cu_seqlens_host
+    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:], strict=False):
+        q_len, k_len = q1 - q0, k1 - k0
+        if q_len and (k_len == 0 or (causal and k_len < q_len)):
+            return True
+    return False
+
+
+__all__ = ["WORK_INFO_FIELDS", "PrefillPlan", "build_core_plan", "host_offsets", "normalize_device",
+           "offsets_plan", "rows_without_keys"]

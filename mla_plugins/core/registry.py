@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 import pluggy
 
@@ -175,17 +176,48 @@ class KernelRegistry:
                     + ". Use kernel='auto' to fall back to a kernel that can."
                 )
             return chosen
+        return self.choose(inputs)[0]
+
+    def choose(self, inputs: Inputs, kernel: str = "auto", *, allow_bf16: bool = False
+               ) -> tuple[Kernel, bool]:
+        """(kernel, fp8) for `inputs`: a pinned kernel (argument or MLA_PLUGINS_KERNEL) as
+        `select` checks it, in the mode asked; kernel="auto" the fastest of the kernels that
+        can run the inputs by the device's measured dispatch table (core/dispatch.py), in
+        priority order without one. `allow_bf16`: an fp8 request may run in bf16 where bf16
+        measured faster for the batch (the automatic choice only)."""
+        name = kernel if kernel != "auto" else (pinned_kernel() or "auto")
+        fp8 = bool(getattr(inputs, "fp8", False))
+        if name != "auto":
+            return self.select(inputs, kernel), fp8
         rejected: dict[str, list[str]] = {}
+        fitting: list[Kernel] = []
         for candidate in self.kernels():
             reasons = self.reasons(candidate, inputs) or self.auto_reasons(candidate, inputs)
-            if not reasons:
-                self._log_choice(inputs, candidate, rejected)
-                return candidate
-            rejected[candidate.name] = reasons
-        raise KernelNotSupportedError(
-            f"no kernel can run {describe(inputs)}:\n"
-            + "\n".join(f"  {n}: " + "; ".join(r) for n, r in rejected.items())
-        )
+            if reasons:
+                rejected[candidate.name] = reasons
+            else:
+                fitting.append(candidate)
+        if not fitting:
+            raise KernelNotSupportedError(
+                f"no kernel can run {describe(inputs)}:\n"
+                + "\n".join(f"  {n}: " + "; ".join(r) for n, r in rejected.items())
+            )
+        chosen, mode = fitting[0], fp8
+        seqlens = getattr(inputs, "seqlens_host", None)
+        if inputs.op in ("plan", "prefill") and seqlens is not None:
+            from .dispatch import rank, table_for
+
+            table = table_for(inputs.device)
+            if table is not None:
+                variants = [(k.name, fp8) for k in fitting]
+                if fp8 and allow_bf16:
+                    plain = replace(inputs, fp8=False)
+                    variants += [(k.name, False) for k in self.kernels()
+                                 if not (self.reasons(k, plain) or self.auto_reasons(k, plain))]
+                best = rank(table, *seqlens, inputs.num_heads, inputs.causal, variants)[0]
+                chosen, mode = self.get(best[0]), best[1]
+        self._log_choice(inputs, chosen, rejected, mode)
+        return chosen, mode
 
     def rejections(self, inputs: Inputs) -> dict[str, list[str]]:
         """Every kernel's reasons against `inputs` ([] for the ones that can run them)."""
@@ -200,12 +232,16 @@ class KernelRegistry:
             return [f"its auto_reasons() raised {type(exc).__name__}: {exc} (kernel plugin "
                     f"{self.provider(kernel)!r})"]
 
-    def _log_choice(self, inputs: Inputs, chosen: Kernel, rejected: dict[str, list[str]]) -> None:
-        key = (inputs.op, chosen.name, describe(inputs))
+    def _log_choice(self, inputs: Inputs, chosen: Kernel, rejected: dict[str, list[str]],
+                    fp8: bool | None = None) -> None:
+        key = (inputs.op, chosen.name, describe(inputs), fp8)
         level = logging.DEBUG if key in self._logged else logging.INFO
         self._logged.add(key)
         skipped = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected.items()) or "none"
-        logger.log(level, "%s: using kernel %r for %s (skipped: %s)", inputs.op, chosen.name, describe(inputs), skipped)
+        mode = " in bf16 (measured faster than fp8 for this batch)" if (
+            fp8 is False and getattr(inputs, "fp8", False)) else ""
+        logger.log(level, "%s: using kernel %r%s for %s (skipped: %s)", inputs.op, chosen.name, mode,
+                   describe(inputs), skipped)
 
     def infos(self, device) -> list[KernelInfo]:
         infos = []

@@ -61,12 +61,19 @@ def tracing() -> bool:
     return bool(data.get(_TRACE_KEY))
 
 
-def record_prefill(*, kernel: str, fp8: bool, q_tokens: int, k_tokens: int, heads: int) -> None:
+def record_prefill(*, kernel: str, fp8: bool, q_tokens: int, k_tokens: int, heads: int,
+                   auto_bf16: bool = False) -> None:
+    """One line per prefill call. `auto_bf16`: the call asked for fp8 and kernel="auto" ran
+    it in bf16, which measured faster for the batch (the line says so: "fp8_asked")."""
     if not tracing():
         return
     framework, entry = _context.get() or ("direct", "mla_prefill")
-    _append({"framework": framework, "entry": entry, "kernel": kernel, "fp8": fp8,
-             "q_tokens": q_tokens, "k_tokens": k_tokens, "heads": heads})
+    record = {"framework": framework, "entry": entry, "kernel": kernel, "fp8": fp8,
+              "q_tokens": q_tokens, "k_tokens": k_tokens, "heads": heads}
+    if auto_bf16:
+        record["fp8_asked"] = True
+        record["why"] = "bf16 measured faster than fp8 for this batch (kernel='auto')"
+    _append(record)
 
 
 def trace_event(framework: str, entry: str, **fields) -> None:

