@@ -103,6 +103,11 @@ def check(args: argparse.Namespace, console: Console) -> int:
         f"[bold]mla-plugins check[/bold]: {cu_q.numel() - 1} sequences, {q.shape[0]} query / "
         f"{k.shape[0]} key tokens, {args.heads} heads, Dqk 192, Dv 128, on {device}"
     )
+    chosen = {fp8: plan_prefill(cu_q, cu_k, num_heads=args.heads, fp8=fp8) for fp8 in (True, False)}
+    console.print(escape(
+        "kernel='auto' takes: fp8 -> " + chosen[True].kernel
+        + (" (in bf16: measured faster for this batch)" if chosen[True].auto_bf16 else "")
+        + f", bf16 -> {chosen[False].kernel}"))
     summary = plan.summary()
     plan_table = Table(title=f"plan (tile_q {plan.tile_q}, kv units of {plan.kv_granularity})")
     for key in summary:
@@ -190,6 +195,8 @@ def doctor(args: argparse.Namespace, console: Console) -> int:
     aiter.add_row("mla-plugins will", escape(status.action()))
     console.print(aiter)
 
+    console.print(_flash_attn_table())
+
     kernels = Table(title="kernels")
     kernels.add_column("kernel")
     kernels.add_column("available")
@@ -210,6 +217,32 @@ def doctor(args: argparse.Namespace, console: Console) -> int:
                 eps.add_row(escape(group), escape(ep.name), escape(ep.value))
     console.print(eps if eps.row_count else "no mla_plugins entry points visible: is the package installed?")
     return 0
+
+
+def _flash_attn_table() -> Table:
+    """Every FlashAttention-3 build looked for, in binding order, and what became of it."""
+    from .core import dispatch
+    from .core.kernels import flash_attn
+
+    table = Table(title="FlashAttention-3 (kernel 'flash_attn')")
+    for col in ("looked for", "version", "status"):
+        table.add_column(col)
+    chosen = flash_attn.binding()
+    for b in flash_attn.bindings():
+        if b is chosen:
+            status = f"used: op {b.candidate.namespace}::fwd" + ("" if b.supports_fp8 else " (no fp8)")
+        elif b.usable:
+            status = f"usable, not used ({chosen.name} comes first)"
+        else:
+            status = "; ".join(b.reasons)
+        table.add_row(escape(b.candidate.module), escape(b.version or "-"), escape(status))
+    if torch.cuda.is_available() and not torch.version.hip:
+        t = dispatch.table_for(torch.device("cuda"))
+        table.caption = escape(
+            f"kernel='auto' ranks the kernels that fit by the dispatch table measured on {t.device} "
+            f"({len(t.entries)} shapes, {t.source})" if t else
+            "no dispatch table for this GPU: kernel='auto' takes the kernels in priority order")
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:

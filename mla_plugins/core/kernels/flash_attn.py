@@ -115,6 +115,8 @@ class Binding:
     template: tuple = ()
     reasons: list[str] = field(default_factory=list)
     build_flags: dict | None = None
+    #: passed over because its framework was not imported yet (looked at again once it is)
+    gated: bool = False
 
     @property
     def usable(self) -> bool:
@@ -208,6 +210,7 @@ def probe(candidate: Candidate) -> Binding:
     binding = Binding(candidate)
     top = candidate.module.split(".")[0]
     if candidate.loaded is not None and not any(m in sys.modules for m in candidate.loaded):
+        binding.gated = True
         binding.reasons.append(
             f"{' or '.join(candidate.loaded)} not imported in this process (its FA3 is used inside "
             "that framework's own processes; mla-plugins never imports a framework to find it)")
@@ -260,6 +263,10 @@ def bindings(refresh: bool = False) -> list[Binding]:
     global _bindings
     if _bindings is None or refresh:
         _bindings = [probe(c) for c in CANDIDATES]
+    elif any(b.gated and any(m in sys.modules for m in b.candidate.loaded) for b in _bindings):
+        # a framework imported since: look at its build now (the others keep their answer)
+        _bindings = [probe(b.candidate) if b.gated else b for b in _bindings]
+        _fp8_supported.cache_clear()
     return _bindings
 
 
@@ -421,13 +428,15 @@ class FlashAttnKernel(Kernel):
             raise RuntimeError("flash_attn: the FlashAttention-3 binding went away after planning")
         device = plan.device
         target = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-        with torch.cuda.device(device) if device.type == "cuda" else _nullcontext():
+        switch = device.type == "cuda" and torch._C._cuda_getDevice() != device.index
+        with torch.cuda.device(device) if switch else _nullcontext():
             if inputs.fp8:
-                scratch = self.scratch(inputs, plan, workspace)
-                q8, k8, v8, descales = self._quantize(inputs, plan, scratch)
-                fa_lse = _call(b, q8, k8, v8, target, plan.cu_seqlens_q, plan.cu_seqlens_k,
-                               plan.max_seqlen_q, plan.max_seqlen_k,
-                               (descales[0], descales[1], descales[2]), inputs.softmax_scale,
+                scratch, token = self.scratch_entry(inputs, plan, workspace)
+                self._quantize(inputs, plan, scratch, token)
+                d = scratch["descales"]
+                fa_lse = _call(b, scratch["q8"], scratch["k8"], scratch["v8"], target,
+                               plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q,
+                               plan.max_seqlen_k, (d[0], d[1], d[2]), inputs.softmax_scale,
                                inputs.causal)
             else:
                 fa_lse = _call(b, inputs.q, inputs.k, inputs.v, target, plan.cu_seqlens_q,
@@ -441,25 +450,51 @@ class FlashAttnKernel(Kernel):
                     # releases before FA3's 2025-01 refactor wrote +inf for rows with no key
                     lse.masked_fill_(lse == float("inf"), float("-inf"))
 
-    def _quantize(self, inputs: PrefillInputs, plan: PrefillPlan, scratch) -> tuple:
-        """(q8, k8, v8, descales [3, B, H]) in the workspace: the Triton kernel where it runs
-        (`triton_quant.quantize_heads`), else the torch statement of the same rule."""
+    def _quantize(self, inputs: PrefillInputs, plan: PrefillPlan, scratch, token) -> None:
+        """q8, k8, v8 and descales [3, B, H] into the workspace: the Triton kernel on a GPU
+        (`triton_quant.quantize_heads`; its launches recorded on a plan's first call and
+        replayed after, as the Triton provider's are), else the torch statement of the rule."""
         from . import triton_quant as tq
 
         fn = getattr(tq, "quantize_heads", None) if tq.triton is not None else None
-        out = (scratch["q8"], scratch["k8"], scratch["v8"], scratch["descales"], scratch["partials"])
-        if fn is not None and inputs.device.type == "cuda":
-            fn(inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
+        if fn is None or inputs.device.type != "cuda" or torch.version.hip:
+            cq, ck = plan.cu_seqlens_host
+            for i, (name, x, cu, rot) in enumerate((
+                    ("q8", inputs.q, cq, inputs.fp8_rotate), ("k8", inputs.k, ck, inputs.fp8_rotate),
+                    ("v8", inputs.v, ck, False))):
+                x8, scales = head_quantize(x, cu, inputs.fp8_dtype, rotate_=rot)
+                scratch[name].copy_(x8)
+                scratch["descales"][i, : scales.shape[0]].copy_(scales)
+            return
+        q, k, v = inputs.q, inputs.k, inputs.v
+        key = (q.dtype, inputs.fp8_rotate, token, q.stride(), k.stride(), v.stride(),
+               q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+        memo = plan.memo.get("quant_replay")
+        if memo is not None and memo[0] == key and memo[1] is not None:
+            memo[1](plan.device.index, {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr()})
+            return
+
+        def launch():
+            fn(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
                plan.max_seqlen_q, plan.max_seqlen_k, scratch["partials"].shape[0],
-               inputs.fp8_dtype, rotate=inputs.fp8_rotate, out=out)
-            return out[:4]
-        cq, ck = plan.cu_seqlens_host
-        for (name, x, cu, rot) in (("q8", inputs.q, cq, inputs.fp8_rotate),
-                                   ("k8", inputs.k, ck, inputs.fp8_rotate), ("v8", inputs.v, ck, False)):
-            x8, scales = head_quantize(x, cu, inputs.fp8_dtype, rotate_=rot)
-            scratch[name].copy_(x8)
-            scratch["descales"][("q8", "k8", "v8").index(name), : scales.shape[0]].copy_(scales)
-        return out[:4]
+               inputs.fp8_dtype, rotate=inputs.fp8_rotate,
+               out=(scratch["q8"], scratch["k8"], scratch["v8"], scratch["descales"],
+                    scratch["partials"]))
+
+        if memo is not None and memo[0] == key:  # recorded before, not replayable
+            launch()
+            return
+        from . import triton_launch
+
+        if not triton_launch.ENABLED:
+            launch()
+            return
+        triton_launch.wrap_kernels(tq)
+        recorder = triton_launch.Recorder({"q": q, "k": k, "v": v},
+                                          list(scratch.values()) + [plan.cu_seqlens_q, plan.cu_seqlens_k])
+        with recorder:
+            launch()
+        plan.memo["quant_replay"] = (key, recorder.replay())
 
     def prefill(self, inputs, plan, out, lse, partial_out, partial_lse) -> None:
         raise NotImplementedError("flash_attn runs whole batches through run()")
