@@ -1,20 +1,28 @@
-"""MLA prefill on the GPU: ours (Triton fp8 / bf16) against torch SDPA peers, in one process.
+"""MLA prefill on the GPU: ours against the strongest peers, in one process.
 
-    PYTHONPATH=. python benchmarks/prefill.py [--out benchmarks/results/h200.json] [--sweep]
+    PYTHONPATH=. python benchmarks/prefill.py [--out benchmarks/results/h200.json]
+        [--dispatch-out mla_plugins/core/dispatch_h200.json] [--shapes A,B] [--variants]
 
-For each shape: TFLOP/s of ours in fp8 (end to end from bf16 inputs, and the attention
-alone on pre-quantized inputs), ours in bf16, torch SDPA with the cuDNN backend (bf16)
-and with the flash backend (value padded to 192); ratios to cuDNN; the FP8 GEMM ceiling
-(torch._scaled_mm) and the copy-bandwidth ceiling; the reduce alone in TB/s; planning
-time for 1, 64 and 256 sequences; relative error of each against float64 on a sample.
+For each shape (SHAPES): ours through the public API as the adapters call it (one
+`plan_prefill` per batch, `mla_prefill(..., plan=plan)`), in fp8 from bf16 inputs
+(quantization included) and in bf16, with kernel="auto" (`auto_*`: what a framework gets),
+the Triton provider pinned (`ours_*`, and `ours_fp8_attn`: its attention alone on inputs
+quantized beforehand) and the FlashAttention-3 provider pinned (`fa_*`); the peers of
+benchmarks/peers.py: FA3 FP8 on inputs quantized beforehand (`fa3_fp8`), FA3 FP8 plus the
+quantization it needs, both timed (`fa3_fp8_e2e`: mla-plugins' per-(sequence, head) Triton
+quantization without rotation, the fastest there is; `fa3_fp8_e2e_torch`: torch eager
+per-tensor), FA3 bf16, cuDNN bf16 through the frontend with its own bottom-right mask for
+k > q (`cudnn_bf16_br`), cuDNN FP8, torch SDPA (cuDNN backend, `causal_lower_right` for
+k > q). Each timed call by call (`*_tflops`: triton.testing.do_bench, L2 flushed, median)
+and replayed from a CUDA graph (`*_graph_tflops`: GPU time, what the ratios use). Ceilings in
+the same process: FP8 GEMM (torch._scaled_mm), bf16 GEMM, device copy. Errors against
+float64 (`err_*`). Then the accuracy section (benchmarks/accuracy.py) and the serving
+section (benchmarks/serving.py). `--dispatch-out` writes the table kernel="auto" ranks the
+kernels by (mla_plugins/core/dispatch.py): the GPU time of each (kernel, mode) per shape.
 
 FLOPs count 2 * H * (Dqk + Dv) per visible (query, key) pair (causal work is about half).
-Timing: CUDA events (triton.testing.do_bench: L2 flushed before each run), median of
-many runs after warm-up, random inputs. Plans are built once per shape, outside the
-timed region, as frameworks build them once per forward and reuse them across layers.
-
-`--sweep` times phase 1 for a list of tile configurations instead (the measurements
-behind the defaults in `mla_plugins/core/kernels/triton_kernel.py`, see NOTES.md).
+`--variants` checks and times the fp8 phase-1 variants of the Triton provider instead
+(the measurements behind its defaults, see NOTES.md); `--sweep` the tile configurations.
 """
 
 from __future__ import annotations
@@ -422,81 +430,6 @@ def accuracy_sample(device):
     return {"shape": f"lens {lq}, H {heads}, causal", "rel_err": errs}
 
 
-def cudnn_fp8_peer(q, k, v, lens_q, lens_k, heads, scale):
-    """cuDNN's own FP8 attention (nvidia-cudnn-frontend sdpa_fp8) on pre-quantized
-    [B, H, S, D] inputs with unit descales, FP8 output; uniform batches only."""
-    import cudnn
-
-    if len(set(lens_q)) != 1 or len(set(lens_k)) != 1:
-        raise ValueError("uniform batches only")
-    b, sq, sk = len(lens_q), lens_q[0], lens_k[0]
-    f8 = torch.float8_e4m3fn
-    q8 = q.to(f8).view(b, sq, heads, DQK).permute(0, 2, 1, 3)
-    k8 = k.to(f8).view(b, sk, heads, DQK).permute(0, 2, 1, 3)
-    v8 = v.to(f8).view(b, sk, heads, DV).permute(0, 2, 1, 3)
-    o8 = torch.empty(b, sq, heads, DV, dtype=f8, device=q.device).permute(0, 2, 1, 3)
-    one = torch.ones(1, 1, 1, 1, device=q.device)
-    amax_s = torch.zeros(1, 1, 1, 1, device=q.device)
-    amax_o = torch.zeros(1, 1, 1, 1, device=q.device)
-    handle = cudnn.create_handle()
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
-                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-    tq_, tk_, tv_ = (g.tensor_like(t) for t in (q8, k8, v8))
-    for t in (tq_, tk_, tv_):
-        t.set_data_type(cudnn.data_type.FP8_E4M3)
-    sc = {n: g.tensor_like(one) for n in ("dq", "dk", "dv", "ds", "ss", "so")}
-    outs = g.sdpa_fp8(q=tq_, k=tk_, v=tv_, descale_q=sc["dq"], descale_k=sc["dk"], descale_v=sc["dv"],
-                      descale_s=sc["ds"], scale_s=sc["ss"], scale_o=sc["so"], is_inference=True,
-                      attn_scale=scale, use_causal_mask=sq == sk,
-                      use_causal_mask_bottom_right=sq != sk)
-    o, rest = outs[0], [t for t in outs[1:] if t is not None]
-    o.set_output(True).set_dim(list(o8.shape)).set_stride(list(o8.stride())).set_data_type(
-        cudnn.data_type.FP8_E4M3)
-    amaxes = [amax_s, amax_o][: len(rest)]
-    for t in rest:
-        t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
-    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=q.device)
-    pack = {tq_: q8, tk_: k8, tv_: v8, o: o8, **{sc[n]: one for n in sc}}
-    pack.update(dict(zip(rest, amaxes, strict=False)))
-
-    def run():
-        # on the caller's stream, so a CUDA graph can capture it (graph_ms)
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-        g.execute(pack, ws, handle=handle)
-
-    run()
-    torch.cuda.synchronize()
-    return run, lambda: o8.permute(0, 2, 1, 3).reshape(-1, heads, DV)
-
-
-def cudnn_bf16_peer(q, k, v, lens_q, lens_k, heads):
-    """torch SDPA, cuDNN backend, [B, H, S, D] views; bottom-right causal when k > q."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.bias import causal_lower_right
-    from torch.nn.functional import scaled_dot_product_attention
-
-    if len(set(lens_q)) != 1 or len(set(lens_k)) != 1:
-        raise ValueError("uniform batches only")
-    b, sq, sk = len(lens_q), lens_q[0], lens_k[0]
-    qs = q.view(b, sq, heads, DQK).transpose(1, 2)
-    ks = k.view(b, sk, heads, DQK).transpose(1, 2)
-    vs = v.view(b, sk, heads, DV).transpose(1, 2)
-    mask = causal_lower_right(sq, sk) if sk != sq else None
-
-    def run():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            if mask is None:
-                return scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-            return scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
-
-    return run, lambda o: o.transpose(1, 2).reshape(-1, heads, DV)
-
-
 def graph_ms(fn):
     """GPU time of fn replayed from a CUDA graph (no launch gaps), or None if capture fails."""
     import triton.testing
@@ -507,11 +440,139 @@ def graph_ms(fn):
         return None
 
 
-def main_bench(args):
+def measure(fn, *, graph=True):
+    """(ms call by call, L2 flushed; ms per call replayed from a CUDA graph, GPU time)."""
+    ms = bench(fn)
+    return ms, (graph_ms(fn) if graph else None)
+
+
+def _ours_call(q, k, v, plan, fp8, out, kernel="auto"):
     import mla_plugins
+
+    def fn():
+        mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=fp8, out=out, kernel=kernel)
+
+    return fn
+
+
+def _attention_only(q, k, v, cq, ck, heads, plan):
+    """Ours in fp8 on inputs quantized beforehand (the quantization not timed): the Triton
+    provider's phase 1 (and reduce) alone, as `time_ours` does."""
+    _, attn = time_ours(q, k, v, cq, ck, heads, True, plan, e2e=False, graphs=(g := {}))
+    return attn, g.get("attn_graph_ms")
+
+
+def shape_row(name, lq, lk, heads, device, gemm):
+    """Every variant and peer of one shape (see the module docstring)."""
+    import peers
+
+    import mla_plugins
+    from mla_plugins.core.dispatch import batch_work
     from tests.gpu.conftest import reference_on_device, rel_err
 
+    q, k, v, cq, ck = make_batch(lq, lk, heads, device)
+    fl = flops(lq, lk, heads)
+    scale = DQK**-0.5
+    row = {"shape": name, "heads": heads, "tflop": fl / 1e12}
+    work, mean_q = batch_work(cq.tolist(), ck.tolist(), heads, True)
+    row["work"], row["mean_q"] = work, mean_q
+    ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
+    out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=device)
+    hq, hk = cq.tolist(), ck.tolist()
+
+    def record(key, fn, result=None, graph=True):
+        try:
+            fn()
+            got = result() if result is not None else out
+            row[f"err_{key}"] = rel_err(got, ref)
+            ms, gms = measure(fn, graph=graph)
+            row[f"{key}_ms"], row[f"{key}_tflops"] = ms, fl / ms / 1e9
+            if gms:
+                row[f"{key}_graph_ms"], row[f"{key}_graph_tflops"] = gms, fl / gms / 1e9
+        except Exception as exc:
+            row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            traceback.print_exc()
+
+    # ours through the public API, a plan per batch, as the adapters call it
+    for key, kernel, fp8 in (("auto_fp8", "auto", True), ("auto_bf16", "auto", False),
+                             ("ours_fp8", "triton", True), ("ours_bf16", "triton", False),
+                             ("fa_fp8", "flash_attn", True), ("fa_bf16", "flash_attn", False)):
+        try:
+            plan = mla_plugins.plan_prefill(hq, hk, num_heads=heads, fp8=fp8, kernel=kernel,
+                                            device=device)
+        except Exception as exc:
+            row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            continue
+        if kernel == "auto":
+            row[f"{key}_kernel"] = plan.kernel + (" (bf16)" if plan.auto_bf16 else "")
+        record(key, _ours_call(q, k, v, plan, fp8, out, kernel))
+        if key == "ours_fp8":
+            try:
+                attn, attn_g = _attention_only(q, k, v, cq, ck, heads, plan)
+                row["ours_fp8_attn_ms"], row["ours_fp8_attn_tflops"] = attn, fl / attn / 1e9
+                if attn_g:
+                    row["ours_fp8_attn_graph_tflops"] = fl / attn_g / 1e9
+            except Exception as exc:
+                row["ours_fp8_attn_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                traceback.print_exc()
+    row["auto_kernel"] = row.get("auto_fp8_kernel")
+
+    # peers
+    max_q, max_k = max(lq), max(lk)
+    try:
+        quantized = []
+        for x, cu in ((q, hq), (k, hk), (v, hk)):
+            quantized.append(peers.head_quant_torch(x, cu))
+        quant = tuple(t for t, _ in quantized) + tuple(d for _, d in quantized)
+        run, res = peers.fa3_peer(q, k, v, cq, ck, max_q, max_k, scale, fp8=True, quantized=quant)
+        record("fa3_fp8", run, res)
+        del quant, quantized
+    except Exception as exc:
+        row["fa3_fp8_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for key, qmode in (("fa3_fp8_e2e", "triton"), ("fa3_fp8_e2e_torch", "torch")):
+        try:
+            run, res = peers.fa3_fp8_e2e_peer(q, k, v, cq, ck, max_q, max_k, scale, len(lq), heads,
+                                              quant=qmode)
+            record(key, run, res)
+        except Exception as exc:
+            row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    try:
+        run, res = peers.fa3_peer(q, k, v, cq, ck, max_q, max_k, scale)
+        record("fa3_bf16", run, res)
+    except Exception as exc:
+        row["fa3_bf16_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for key, make in (("cudnn_bf16_br", lambda: peers.cudnn_bf16_peer(q, k, v, lq, lk, heads, scale)),
+                      ("cudnn_fp8", lambda: peers.cudnn_fp8_peer(q, k, v, lq, lk, heads, scale)),
+                      ("sdpa_cudnn_bf16", lambda: peers.sdpa_cudnn_peer(q, k, v, lq, lk, heads))):
+        try:
+            run, res = make()
+            record(key, run, res)
+        except Exception as exc:
+            row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    g = lambda key: row.get(f"{key}_graph_tflops")  # noqa: E731
+    ratio = lambda a, b: (a / b) if a and b else None  # noqa: E731
+    row["auto_fp8_vs_fa3_fp8_e2e"] = ratio(g("auto_fp8"), g("fa3_fp8_e2e"))
+    row["auto_fp8_vs_fa3_bf16"] = ratio(g("auto_fp8"), g("fa3_bf16"))
+    row["auto_bf16_vs_fa3_bf16"] = ratio(g("auto_bf16"), g("fa3_bf16"))
+    row["ours_fp8_vs_fa3_fp8_e2e"] = ratio(g("ours_fp8"), g("fa3_fp8_e2e"))
+    row["ours_fp8_attn_vs_fa3_fp8"] = ratio(g("ours_fp8_attn"), g("fa3_fp8"))
+    row["ours_bf16_vs_fa3_bf16"] = ratio(g("ours_bf16"), g("fa3_bf16"))
+    row["ours_fp8_of_fp8_gemm"] = ratio(g("ours_fp8_attn"), gemm)
+    row["fa3_fp8_of_fp8_gemm"] = ratio(g("fa3_fp8"), gemm)
+    # the measured variants the dispatch table ranks (GPU time, µs)
+    row["dispatch_gpu_us"] = {
+        f"{kernel}:{mode}": row[f"{key}_graph_ms"] * 1e3
+        for key, kernel, mode in (("fa_fp8", "flash_attn", "fp8"), ("fa_bf16", "flash_attn", "bf16"),
+                                  ("ours_fp8", "triton", "fp8"), ("ours_bf16", "triton", "bf16"))
+        if row.get(f"{key}_graph_ms")
+    }
+    return row
+
+
+def main_bench(args):
     device = torch.device("cuda")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     result = {"env": environment()}
     result["ceilings"] = {
         "fp8_gemm_tflops": fp8_gemm_ceiling(device),
@@ -525,110 +586,37 @@ def main_bench(args):
     for name, lq, lk, heads in SHAPES:
         if only and name not in only:
             continue
-        q, k, v, cq, ck = make_batch(lq, lk, heads, device)
-        fl = flops(lq, lk, heads)
-        scale = DQK**-0.5
-        row = {"shape": name, "heads": heads, "tflop": fl / 1e12}
-        ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
-        for fp8 in (True, False):
-            key = "fp8" if fp8 else "bf16"
-            try:
-                plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=fp8,
-                                                kernel="triton", device=device) \
-                    if _has_new_plan_api() else _kernel_plan(q, k, v, cq, ck, heads, fp8)
-                out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=device)
-
-                def fn(plan=plan, out=out, fp8=fp8, q=q, k=k, v=v, cq=cq, ck=ck):
-                    mla_plugins.mla_prefill(q, k, v, cq, ck, plan=plan, fp8=fp8, out=out,
-                                            return_lse=False, kernel="triton")
-
-                fn()
-                row[f"err_{key}"] = rel_err(out, ref)
-                row[f"ours_{key}_plan"] = plan.summary()
-                ms = bench(fn)
-                row[f"ours_{key}_ms"] = ms
-                row[f"ours_{key}_tflops"] = fl / ms / 1e9
-                gms = graph_ms(fn)
-                if gms:
-                    row[f"ours_{key}_graph_tflops"] = fl / gms / 1e9
-                if fp8:
-                    # the two parts alone: the one-pass k/v quantization and the attention on
-                    # its output (q is still cast inside the attention)
-                    from mla_plugins.core.kernels import triton_quant as tq
-
-                    nb, mk = len(lq), max(lk)
-                    qms = bench(lambda k=k, v=v, ck=ck, nb=nb, mk=mk: tq.quantize_kv(
-                        k, v, ck, nb, mk, torch.float8_e4m3fn))
-                    row["quant_kv_ms"] = qms
-                    row["quant_kv_tb_s"] = (k.numel() + v.numel()) * 3 / qms / 1e9
-                    _, attn = time_ours(q, k, v, cq, ck, heads, True, plan, e2e=False)
-                    row["ours_fp8_attn_ms"] = attn
-                    row["ours_fp8_attn_tflops"] = fl / attn / 1e9
-            except Exception as exc:
-                row[f"ours_{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                traceback.print_exc()
-        try:
-            # bf16 on the layout vLLM passes (head stride 256; read through TMA like packed v)
-            from tests.core.helpers import vllm_v_view
-
-            v_view = vllm_v_view(v)
-            plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=False,
-                                            kernel="triton", device=device)
-            out = torch.empty(q.shape[0], heads, DV, dtype=q.dtype, device=device)
-
-            def fn_view(plan=plan, out=out, q=q, k=k, v=v_view, cq=cq, ck=ck):
-                mla_plugins.mla_prefill(q, k, v, cq, ck, plan=plan, fp8=False, out=out,
-                                        return_lse=False, kernel="triton")
-
-            fn_view()
-            row["err_bf16_vllm_layout"] = rel_err(out, ref)
-            row["ours_bf16_vllm_layout_tflops"] = fl / bench(fn_view) / 1e9
-            del v_view
-        except Exception as exc:
-            row["ours_bf16_vllm_layout_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            traceback.print_exc()
-        try:
-            run, unpack = cudnn_bf16_peer(q, k, v, lq, lk, heads)
-            row["err_cudnn_bf16"] = rel_err(unpack(run()), ref)
-            ms = bench(run)
-            row["cudnn_bf16_tflops"] = fl / ms / 1e9
-            gms = graph_ms(run)
-            if gms:
-                row["cudnn_bf16_graph_tflops"] = fl / gms / 1e9
-        except Exception as exc:
-            row["cudnn_bf16_tflops"] = None
-            row["cudnn_bf16_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        try:
-            run, unpack = cudnn_fp8_peer(q, k, v, lq, lk, heads, scale)
-            row["err_cudnn_fp8"] = rel_err(unpack().float(), ref)
-            ms = bench(run)
-            row["cudnn_fp8_tflops"] = fl / ms / 1e9
-            gms = graph_ms(run)
-            if gms:
-                row["cudnn_fp8_graph_tflops"] = fl / gms / 1e9
-        except Exception as exc:
-            row["cudnn_fp8_tflops"] = None
-            row["cudnn_fp8_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        f8, b16 = row.get("ours_fp8_tflops"), row.get("ours_bf16_tflops")
-        c8, cb = row.get("cudnn_fp8_tflops"), row.get("cudnn_bf16_tflops")
-        row["ours_fp8_vs_cudnn_fp8"] = f8 / c8 if f8 and c8 else None
-        row["ours_fp8_vs_cudnn_bf16"] = f8 / cb if f8 and cb else None
-        row["ours_bf16_vs_cudnn_bf16"] = b16 / cb if b16 and cb else None
-        row["ours_fp8_of_fp8_gemm"] = f8 / gemm if f8 else None
-        # GPU time (the small shapes' goal): both replayed from CUDA graphs
-        g8, gc8 = row.get("ours_fp8_graph_tflops"), row.get("cudnn_fp8_graph_tflops")
-        row["ours_fp8_vs_cudnn_fp8_gpu"] = g8 / gc8 if g8 and gc8 else None
+        row = shape_row(name, lq, lk, heads, device, gemm)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del q, k, v, ref
         torch.cuda.empty_cache()
     result["shapes"] = rows
-    result["serving"] = _serving()
+    if not args.no_accuracy:
+        from accuracy import accuracy_section
+
+        result["accuracy"] = accuracy_section(device)
+    if not args.no_serving:
+        result["serving"] = _serving()
     result["command"] = "PYTHONPATH=. python benchmarks/prefill.py " + " ".join(sys.argv[1:])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    if args.dispatch_out:
+        write_dispatch(result, args.dispatch_out)
     print_table(result)
+
+
+def write_dispatch(result, path):
+    """The dispatch table kernel='auto' reads (mla_plugins/core/dispatch.py): each shape's
+    work, mean query length and the GPU time of every measured (kernel, mode)."""
+    entries = [{"shape": r["shape"], "work": r["work"], "mean_q": r["mean_q"],
+                "gpu_us": r["dispatch_gpu_us"]} for r in result["shapes"] if r.get("dispatch_gpu_us")]
+    table = {"device": result["env"]["gpu"], "capability": list(torch.cuda.get_device_capability()),
+             "source": "benchmarks/results/h200.json (benchmarks/prefill.py --dispatch-out)",
+             "command": result["command"], "entries": entries}
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+    print(f"dispatch table: {len(entries)} shapes -> {path}")
 
 
 def _has_new_plan_api() -> bool:
@@ -655,24 +643,29 @@ def print_table(r):
     print(f"\n{r['env']['gpu']}  torch {r['env']['torch']}  triton {r['env']['triton']}  cuDNN {r['env']['cudnn']}")
     print(f"ceilings: FP8 GEMM {c['fp8_gemm_tflops']:.0f} TFLOP/s, bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, "
           f"copy {c['copy_tb_s']:.2f} TB/s")
-    head = ("shape", "fp8", "fp8 graph", "fp8 attn", "quant TB/s", "bf16", "cuDNN fp8", "cud8 graph", "cuDNN bf16", "bf16 graph", "fp8/cud8", "gpu f8/c8",
-            "fp8/cud16", "bf16/cud16", "fp8/GEMM", "err fp8", "err bf16")
-    print("TFLOP/s (causal, bottom-right for k > q; FLOPs = 2*H*(192+128) per visible pair)")
-    print(" ".join(f"{h:>11}" for h in head))
-    f = lambda x, p=0: "-" if x is None else (f"{x:.{p}f}" if isinstance(x, float) else str(x))
+    print("GPU time (CUDA-graph replay), TFLOP/s (causal, bottom-right for k > q; 2*H*(192+128) per visible pair)")
+    cols = (("auto", "auto_kernel", None), ("auto f8", "auto_fp8_graph_tflops", 0),
+            ("auto b16", "auto_bf16_graph_tflops", 0), ("ours f8", "ours_fp8_graph_tflops", 0),
+            ("f8 attn", "ours_fp8_attn_graph_tflops", 0), ("ours b16", "ours_bf16_graph_tflops", 0),
+            ("FA3 f8", "fa3_fp8_graph_tflops", 0), ("FA3 f8e2e", "fa3_fp8_e2e_graph_tflops", 0),
+            ("FA3 b16", "fa3_bf16_graph_tflops", 0), ("cuDNN b16", "cudnn_bf16_br_graph_tflops", 0),
+            ("cuDNN f8", "cudnn_fp8_graph_tflops", 0),
+            ("a8/e2e", "auto_fp8_vs_fa3_fp8_e2e", 2), ("a8/FA16", "auto_fp8_vs_fa3_bf16", 2),
+            ("a16/FA16", "auto_bf16_vs_fa3_bf16", 2), ("o8/e2e", "ours_fp8_vs_fa3_fp8_e2e", 2),
+            ("o16/FA16", "ours_bf16_vs_fa3_bf16", 2), ("err a8", "err_auto_fp8", 4),
+            ("err a16", "err_auto_bf16", 4))
+    f = lambda x, p: "-" if x is None else (f"{x:.{p}f}" if isinstance(x, float) and p is not None else str(x))  # noqa: E731
+    print(" ".join(f"{'shape':>24}") + " " + " ".join(f"{h:>10}" for h, _, _ in cols))
     for row in r["shapes"]:
-        vals = (row["shape"][:24], f(row.get("ours_fp8_tflops")), f(row.get("ours_fp8_graph_tflops")),
-                f(row.get("ours_fp8_attn_tflops")), f(row.get("quant_kv_tb_s"), 2), f(row.get("ours_bf16_tflops")), f(row.get("cudnn_fp8_tflops")),
-                f(row.get("cudnn_fp8_graph_tflops")), f(row.get("cudnn_bf16_tflops")),
-                f(row.get("cudnn_bf16_graph_tflops")),
-                f(row.get("ours_fp8_vs_cudnn_fp8"), 2), f(row.get("ours_fp8_vs_cudnn_fp8_gpu"), 2), f(row.get("ours_fp8_vs_cudnn_bf16"), 2),
-                f(row.get("ours_bf16_vs_cudnn_bf16"), 2), f(row.get("ours_fp8_of_fp8_gemm"), 2),
-                f(row.get("err_fp8"), 4), f(row.get("err_bf16"), 4))
-        print(" ".join(f"{v:>11}" for v in vals))
+        print(f"{row['shape'][:24]:>24} " + " ".join(f"{f(row.get(k), p)[:10]:>10}" for _, k, p in cols))
     for row in r["shapes"]:
-        for key in ("cudnn_fp8_error", "cudnn_bf16_error", "ours_fp8_error", "ours_bf16_error"):
-            if row.get(key):
-                print(f"{row['shape']} {key}: {row[key][:160]}")
+        for key, val in row.items():
+            if key.endswith("_error"):
+                print(f"{row['shape']} {key}: {str(val)[:160]}")
+    if r.get("accuracy"):
+        from accuracy import print_accuracy
+
+        print_accuracy(r["accuracy"])
 
 
 def _serving() -> list[dict]:
@@ -690,6 +683,11 @@ def main():
     ap.add_argument("--variants", action="store_true",
                     help="fp8 phase-1 variants (Triton, Gluon per ring depth): error and TFLOP/s")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
+    ap.add_argument("--dispatch-out", default="",
+                    help="also write the dispatch table kernel='auto' reads (e.g. "
+                         "mla_plugins/core/dispatch_h200.json)")
+    ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy section")
+    ap.add_argument("--no-serving", action="store_true", help="skip the serving section")
     ap.add_argument("--serving-only", action="store_true",
                     help="only the 'serving' section (benchmarks/serving.py), merged into --out")
     args = ap.parse_args()

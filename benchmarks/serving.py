@@ -109,7 +109,7 @@ def _entry(name, tokens, kernel, fp8, wall, gpu, host, **extra):
     return row
 
 
-def _ours(name, lens_q, lens_k, heads, fp8, device):
+def _ours(name, lens_q, lens_k, heads, fp8, device, kernel="auto"):
     import mla_plugins
     from mla_plugins.core.kernels import triton_launch
 
@@ -119,8 +119,8 @@ def _ours(name, lens_q, lens_k, heads, fp8, device):
     q, k, v = mk(tq, DQK), mk(tk, DQK), mk(tk, DV)
     cq, ck = _offsets(lens_q), _offsets(lens_k)
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, dtype=torch.bfloat16,
-                                    fp8=fp8)
-    call = lambda: mla_plugins.mla_prefill(q, k, v, plan=plan)  # noqa: E731
+                                    fp8=fp8, kernel=kernel)
+    call = lambda: mla_plugins.mla_prefill(q, k, v, plan=plan, kernel=kernel)  # noqa: E731
     wall, host = _measure(call)
     replay = plan.memo.get("replay")
     replayed = bool(replay and replay[1] is not None)
@@ -132,11 +132,11 @@ def _ours(name, lens_q, lens_k, heads, fp8, device):
         triton_launch.ENABLED = True
     cq_dev = torch.tensor(cq, dtype=torch.int32, device=device)
     ck_dev = torch.tensor(ck, dtype=torch.int32, device=device)
-    no_plan = lambda: mla_plugins.mla_prefill(q, k, v, cq_dev, ck_dev, fp8=fp8)  # noqa: E731
+    no_plan = lambda: mla_plugins.mla_prefill(q, k, v, cq_dev, ck_dev, fp8=fp8, kernel=kernel)  # noqa: E731
     wall_np, host_np = _measure(no_plan, warm=2)
     return _entry(
         name, tq, plan.kernel, fp8, wall, gpu, host, k_tokens=tk, heads=heads,
-        replayed=replayed, host_us_per_call_ordinary=round(host_ordinary, 1),
+        asked=kernel, replayed=replayed, host_us_per_call_ordinary=round(host_ordinary, 1),
         host_us_per_call_no_plan=round(host_np, 1), wall_ms_no_plan=round(wall_np, 3),
         plan=plan.summary(), workspace_bytes=plan.workspace_bytes,
     )
@@ -168,18 +168,47 @@ def _sdpa(name, lens_q, lens_k, heads, device):
                   heads=heads)
 
 
+def _fa3(name, lens_q, lens_k, heads, device):
+    """FA3 bf16 through its public flash_attn_varlen_func (the call frameworks make)."""
+    try:
+        import fa3_fwd_interface as fa
+    except ImportError:
+        import flash_attn_interface as fa
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    mk = lambda n, d: torch.randn(n, heads, d, generator=gen).to(device, torch.bfloat16)  # noqa: E731
+    tq, tk = sum(lens_q), sum(lens_k)
+    q, k, v = mk(tq, DQK), mk(tk, DQK), mk(tk, DV)
+    cq = torch.tensor(_offsets(lens_q), dtype=torch.int32, device=device)
+    ck = torch.tensor(_offsets(lens_k), dtype=torch.int32, device=device)
+    mq, mk_ = max(lens_q), max(lens_k)
+    call = lambda: fa.flash_attn_varlen_func(q, k, v, cq, ck, mq, mk_, causal=True)  # noqa: E731
+    wall, host = _measure(call)
+    gpu = _graph_ms(call)
+    return _entry(name, tq, "fa3-public", False, wall, gpu, host, k_tokens=tk, heads=heads)
+
+
 def run_serving(shapes=None, modes=(True, False), peers=True) -> list[dict]:
     """The "serving" section of benchmarks/results/h200.json (see the module docstring)."""
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
     for name, lens_q, lens_k, heads in shapes or SHAPES:
         for fp8 in modes:
+            for kernel in ("auto", "triton"):
+                try:
+                    rows.append(_ours(name, lens_q, lens_k, heads, fp8, device, kernel))
+                except Exception as exc:
+                    traceback.print_exc()
+                    rows.append({"shape": name, "fp8": fp8, "kernel": kernel,
+                                 "error": f"{type(exc).__name__}: {exc}"})
+                print(json.dumps(rows[-1]), flush=True)
+        if peers:
             try:
-                rows.append(_ours(name, lens_q, lens_k, heads, fp8, device))
+                row = _fa3(name, lens_q, lens_k, heads, device)
             except Exception as exc:
-                traceback.print_exc()
-                rows.append({"shape": name, "fp8": fp8, "kernel": "ours", "error": f"{type(exc).__name__}: {exc}"})
-            print(json.dumps(rows[-1]), flush=True)
+                row = {"shape": name, "fp8": False, "kernel": "fa3-public",
+                       "error": f"{type(exc).__name__}: {exc}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
         if peers:
             try:
                 row = _sdpa(name, lens_q, lens_k, heads, device)
@@ -194,7 +223,7 @@ def run_serving(shapes=None, modes=(True, False), peers=True) -> list[dict]:
 
 
 def print_table(rows) -> None:
-    cols = ("shape", "kernel", "fp8", "wall_ms", "gpu_ms", "wall_over_gpu", "host_us_per_call",
+    cols = ("shape", "kernel", "asked", "fp8", "wall_ms", "gpu_ms", "wall_over_gpu", "host_us_per_call",
             "host_us_per_call_ordinary", "host_us_per_call_no_plan")
     print(" | ".join(cols))
     for r in rows:
