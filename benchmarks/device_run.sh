@@ -2,15 +2,18 @@
 # One device call of the H200 workflow (benchmarks/NOTES.md), run from the repository root
 # on the GPU machine with the tree on PYTHONPATH; results and logs go to $OUT (or ./out).
 #
-#   bash benchmarks/device_run.sh check   # GPU tests, mla-plugins check, quant_bench, unit_cost,
-#                                         # --variants
-#   bash benchmarks/device_run.sh bench   # benchmarks/prefill.py: shapes, peers, serving
+#   bash benchmarks/device_run.sh check   # GPU tests, mla-plugins check, quant_bench, a short
+#                                         # benchmark (two shapes, no serving)
+#   bash benchmarks/device_run.sh bench   # benchmarks/prefill.py: every shape and peer, the
+#                                         # dispatch table, accuracy, serving
+#   bash benchmarks/device_run.sh variants  # the Triton provider's fp8 phase-1 variants, unit cost
 #
-# `check` takes ~4-5 minutes, `bench` ~2-3: each fits one 10-minute call. Wheels in .whl/
-# (nvidia-cudnn-frontend for the cuDNN FP8 peer) are installed first when present; the vLLM
-# sync-check test needs vLLM's own gpu_sync_debug.py in .vllm_sync/ (README, tests/gpu).
+# Each fits one 10-minute call. Wheels in .whl/ are installed first (carry .whl): fa3-fwd
+# 0.0.3 and einops (FlashAttention-3's forward, the peer and the flash_attn provider's FA3),
+# nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
+# gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check or bench"}
+stage=${1:?"stage: check, bench or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -24,20 +27,28 @@ fi
 status=0
 case "$stage" in
     check)
-        python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py -q \
-            2>&1 | tee "$out/gpu-tests.log" || status=1
+        python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py -q -x \
+            -p no:cacheprovider 2>&1 | tail -40 | tee "$out/gpu-tests.log" || status=1
+        python3 -m mla_plugins.cli doctor 2>&1 | tee "$out/doctor.log" || status=1
         python3 -m mla_plugins.cli check 2>&1 | tee "$out/check.log" || status=1
         python3 benchmarks/quant_bench.py 2>&1 | tee "$out/quant-bench.log" || status=1
+        python3 benchmarks/prefill.py --shapes B4-S4096-H16,B1-S1024-H16,chunked-q512-k8192-H16 \
+            --no-serving --no-accuracy --out "$out/h200-smoke.json" 2>&1 | tail -30 \
+            | tee "$out/prefill-smoke.log" || status=1
+        ;;
+    bench)
+        python3 benchmarks/prefill.py --out "$out/h200.json" \
+            --dispatch-out mla_plugins/core/dispatch_h200.json 2>&1 | tee "$out/prefill.log" || status=1
+        cp mla_plugins/core/dispatch_h200.json "$out/" || status=1
+        ;;
+    variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
         python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
             2>&1 | tee "$out/variants.log" || status=1
         ;;
-    bench)
-        python3 benchmarks/prefill.py --out "$out/h200.json" 2>&1 | tee "$out/prefill.log" || status=1
-        ;;
     *)
-        echo "unknown stage $stage (check or bench)" >&2
+        echo "unknown stage $stage (check, bench or variants)" >&2
         exit 2
         ;;
 esac
