@@ -23,6 +23,9 @@ What it computes, as the real kernel does (in float64 here, one sequence at a ti
   NaN gets lse -inf (legacy: +inf) and its output scaled by 0 (so 0 where no key was seen);
   the row max ignores NaN (the kernel's fmaxf);
 - out written into `out` when given (checked: dtype, stride(-1) == 1, shape), else allocated;
+- a query tile that visits a sequence's last, partial key block multiplies P = 0 by the V
+  rows past the sequence's end (the next sequence's): an inf or NaN there makes that tile's
+  rows NaN (`_tile_reads`, measured on an H200: 128 x 128 tiles for bf16 192/128);
 - a batch whose total_k is 0 is not run: output zeroed and lse filled with +INFINITY, as both
   flash_api.cpp do (HEAD 1190-1194, vLLM 1305-1309), even at HEAD;
 - returns (out, softmax_lse, out_accum, softmax_lse_accum); out_accum and softmax_lse_accum are
@@ -69,6 +72,9 @@ class Build:
     legacy_empty_lse: bool = False
     #: vLLM's fork: the HDIMDIFF checks in mha_fwd (vllm flash_api.cpp 855-860)
     hdimdiff_checks_in_fwd: bool = False
+    #: (kBlockM, kBlockN) of the forward's tiles, for what they read past a sequence's end
+    #: (`_tile_reads`); None: no such reads
+    tile: tuple[int, int] | None = (128, 128)
 
 
 def _flag(flags: dict, name: str) -> bool:
@@ -300,9 +306,35 @@ def _attention(q, k, v, cq, ck, descales, scale, left, right, softcap, build, se
         inv = torch.where(bad, 0.0, 1.0 / torch.where(bad, 1.0, row_sum))
         o = torch.einsum("hij,jhd->ihd", p, vs) * inv.t()[..., None]
         row_lse = torch.where(bad, empty, m + torch.log(torch.where(bad, 1.0, row_sum)))
+        if build.tile is not None:
+            o = _tile_reads(o, v, ck[b], q_len, k_len, right, build.tile, lambda x, b=b: dequant(x, "v_descale", b)[:, heads_k])
         out[cq[b]:cq[b + 1]] = o
         lse[cq[b]:cq[b + 1]] = row_lse.t()
     return out.to(q.device), lse.to(q.device)
+
+
+def _tile_reads(o, v, k_start, q_len, k_len, right, tile, dequant):
+    """What FA3's tiles read past a sequence's end: a query tile of kBlockM rows (from the
+    sequence start) that visits the sequence's last key block (kBlockN keys from the start)
+    multiplies P = 0 by the V rows past the sequence's end that the block covers (the next
+    sequence's, read through the packed tensor; zeros past the tensor's end). 0 * finite adds
+    nothing; 0 * inf or NaN makes every row of that tile NaN in that head (even rows that see
+    no key), while the lse (from the masked scores) is unchanged. Measured on an H200 with
+    fa3-fwd 0.0.3, bf16, 192/128 (tests/gpu/test_flash_attn_gpu.py): kBlockM = kBlockN = 128."""
+    block_m, block_n = tile
+    n_blocks = -(-k_len // block_n)
+    if n_blocks * block_n == k_len:
+        return o  # the last block ends where the sequence does
+    past = v[k_start + k_len : min(k_start + n_blocks * block_n, v.shape[0])]
+    if past.shape[0] == 0:
+        return o
+    leak = (0.0 * dequant(past.cpu())).sum(dim=0)  # [H, Dv]: 0 where finite, NaN where not
+    for m in range(0, q_len, block_m):
+        # keys the tile's last row may see (window_size_right >= 0: causal is right = 0)
+        reach = min(k_len, m + block_m + k_len - q_len + right) if right >= 0 else k_len
+        if -(-reach // block_n) == n_blocks and reach > 0:  # this tile visits the last block
+            o[m : m + block_m] = o[m : m + block_m] + leak
+    return o
 
 
 def register(build: Build) -> torch.library.Library:

@@ -1,7 +1,7 @@
 """Stand-in for `vllm.platforms`: `current_platform` answers the two capability questions
 vllm_flash_attn/flash_attn_interface.py asks (`has_device_capability(80)` for FA2,
 `is_device_capability_family(90)` for FA3) the way vLLM's `Platform` answers them
-(vllm/platforms/interface.py: from `get_device_capability()`, None on the CPU platform;
+(vllm 0.32 vllm/platforms/interface.py 517-588: from `get_device_capability()`, None on the CPU platform;
 family = capability.to_int() // 10). `CAPABILITY` is what the device reports: None (vLLM's CPU
 platform, the default), or e.g. (9, 0) for a Hopper host.
 """
