@@ -384,18 +384,19 @@ def test_legacy_plus_inf_lse_becomes_minus_inf(builds, on_cpu):
         assert (out[:8] == 0).all()
 
 
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("poison", ["inf", "nan", "1e30"])
-def test_isolation(builds, on_cpu, fp8, poison):
+def test_isolation(builds, on_cpu, fp8, where, poison):
     """An inf, a NaN or 1e30 in one sequence leaves every other sequence's out and lse
-    bit-identical to that sequence run alone."""
+    bit-identical to that sequence run alone. Sequence 0's last key block (7 keys of 128)
+    covers sequence 1's first rows, where the poison sits: FA3's tile reads them
+    (tests/fakes/fa3/kernel.py `_tile_reads`, as measured on an H200)."""
     builds("fa3_fwd")
     lens = [(5, 7), (4, 4), (3, 6)]
     q, k, v, cq, ck = batch(lens, 3, seed=90)
-    value = float(poison)
-    q[cq[1] + 1, 0, 3] = value
-    k[ck[1] + 2, 1, 7] = value
-    v[ck[1] + 3, 2, 5] = value
+    x, start = {"q": (q, cq[1]), "k": (k, ck[1]), "v": (v, ck[1])}[where]
+    x[start + 1, 1, 5] = float(poison)
     rotate = True if fp8 else None
     out, lse = run(q, k, v, cq, ck, fp8=fp8, rotate=rotate, namespace="fa3_fwd")
     for b in (0, 2):
@@ -403,9 +404,10 @@ def test_isolation(builds, on_cpu, fp8, poison):
         alone_out, alone_lse = run(qs, ks, vs, [0, lens[b][0]], [0, lens[b][1]], fp8=fp8,
                                    rotate=rotate, namespace="fa3_fwd")
         assert torch.equal(out[cq[b]:cq[b + 1]], alone_out), (
-            f"sequence {b}'s output changed by {poison} in sequence 1 (fp8={fp8})")
+            f"sequence {b}'s output changed by {poison} in sequence 1's {where} "
+            f"({'fp8' if fp8 else 'bf16'}): {int(out[cq[b]:cq[b + 1]].isnan().sum())} NaN")
         assert torch.equal(lse[cq[b]:cq[b + 1]], alone_lse), (
-            f"sequence {b}'s lse changed by {poison} in sequence 1 (fp8={fp8})")
+            f"sequence {b}'s lse changed by {poison} in sequence 1's {where} ({'fp8' if fp8 else 'bf16'})")
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -538,3 +540,31 @@ def test_vllm_call_matches_vllms_own_call(builds, on_cpu, fp8):
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     compare_with_vllm_call(flash_attn_varlen_func, fp8=fp8, seed=140 + fp8)
+
+
+#: measured on an H200 with fa3-fwd 0.0.3 (bf16, 192/128, causal unless said): (q_len, k_len of
+#: sequence 0, causal) -> rows of sequence 0 made NaN by an inf in sequence 1's v, 3 rows in
+H200_TILE_READS = {(300, 300, True): (256, 299), (300, 300, False): (0, 299),
+                   (300, 100, True): (128, 299), (200, 200, True): (128, 199),
+                   (129, 129, True): (128, 128), (257, 300, True): (128, 256),
+                   (256, 256, True): None}
+
+
+@pytest.mark.parametrize("case", list(H200_TILE_READS), ids=str)
+def test_fake_reads_past_the_sequence_end_as_fa3_does(builds, case):
+    """FA3's 128x128 tiles multiply P = 0 by the V rows past a sequence's end: the fake makes
+    exactly the rows NaN that the real kernel did on the H200 (the lse stays as it was)."""
+    builds("flash_attn_3")
+    import flash_attn_interface  # noqa: F401  registers flash_attn_3::fwd
+
+    q_len, k_len, causal = case
+    q, k, v, cq, ck = batch([(q_len, k_len), (50, 300)], 2, seed=170)
+    v[k_len + 3, 1, 5] = float("inf")
+    out, lse, _, _ = _raw(q, k, v, cq, ck, is_causal=causal)
+    bad = out[:q_len].isnan().any(-1).any(-1).nonzero().flatten().tolist()
+    span = H200_TILE_READS[case]
+    assert (bad[0], bad[-1], len(bad)) == (span[0], span[1], span[1] - span[0] + 1) if span else not bad, bad
+    assert not out[:q_len, 0].isnan().any(), "only the poisoned head"
+    ref_lse = reference_attention(q[:q_len], k[:k_len], v[:k_len], torch.tensor([0, q_len]),
+                                  torch.tensor([0, k_len]), causal=causal)[1]
+    torch.testing.assert_close(lse[:, :q_len].t().double(), ref_lse, rtol=1e-5, atol=1e-5)
