@@ -105,17 +105,21 @@ class _Recorder:
 def _recording(calls: list, tma: bool, permuted: bool):
     """Every kernel launch of the host code goes to `calls` instead of a GPU; `tma` is what
     the host code's TMA check answers (sm_90: yes; Ampere, Ada, ROCm: no), `permuted` what
-    `triton_quant.permuted_v` answers (CUDA: yes; ROCm: no)."""
+    `triton_quant.permuted_v` answers (CUDA: yes; ROCm: no), and `triton_quant.quant_warps`
+    answers as on CUDA (permuted) or on ROCm."""
     from mla_plugins.core.kernels import gluon_attention as ga
 
-    answers = {"_can_tma": tma, "permuted_v": permuted}
-    patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_kv_kernel"), (tr, "_reduce_kernel"),
-               (ga, "mla_prefill_fp8_kernel"), (tk, "_can_tma"), (tq, "permuted_v")]
+    rocm = not permuted
+    answers = {"_can_tma": lambda device: tma, "permuted_v": lambda device: permuted,
+               "quant_warps": lambda device, rotate: (tq.NUM_WARPS_ROTATED_ROCM if rotate and rocm
+                                                      else tq.NUM_WARPS)}
+    patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
+               (ga, "mla_prefill_fp8_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
+               (tq, "quant_warps")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
     try:
         for mod, name, fn in saved:
-            setattr(mod, name, (lambda device, a=answers[name]: a) if name in answers
-                    else _Recorder(fn, calls))
+            setattr(mod, name, answers[name] if name in answers else _Recorder(fn, calls))
         yield
     finally:
         for mod, name, fn in saved:
@@ -123,10 +127,11 @@ def _recording(calls: list, tma: bool, permuted: bool):
 
 
 def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
-           split: bool = False, tma: bool | None = None) -> list:
+           split: bool = False, tma: bool | None = None, rotate: bool = False) -> list:
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
-    host code (`TritonKernel._run_ordinary`: the workspace views, the quantization, phase 1
-    with `config`, the reduce of a split plan), on CPU tensors shaped as on the device."""
+    host code (`TritonKernel._run_ordinary`: the workspace views, the quantization (q and k
+    rotated with `rotate`), phase 1 with `config`, the reduce of a split plan), on CPU
+    tensors shaped as on the device."""
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.base import PrefillInputs
     from tests.core.helpers import random_batch, vllm_v_view
@@ -137,7 +142,8 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
         v = vllm_v_view(v)
     inputs = PrefillInputs(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck, softmax_scale=0.07,
                            causal=True, fp8=fp8, fp8_dtype=FP8_DTYPE[arch],
-                           max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+                           max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+                           fp8_rotate=fp8 and rotate)
     plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=config.block_m,
                         num_workers=heads * 4 if split else 1)
     plan.memo[("phase1_config", fp8)] = config  # what batch_config picks on the device
@@ -181,8 +187,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
     if fn.__name__ == "mla_prefill_fp8_kernel":
         return (f"gluon attention fp8 {c['BLOCK_M']}x{c['BLOCK_N']} s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
-    if fn.__name__ == "_quant_kv_kernel":
-        return "quant_kv"
+    if fn.__name__ == "_quant_qkv_kernel":
+        return "quant_qkv" + (" rotate" if c["ROTATE"] else "") + f" w{c['num_warps']}"
     return f"reduce final_map={int(c['HAS_FINAL_MAP'])}"
 
 
@@ -193,6 +199,7 @@ def scenarios(arch: str) -> list[dict]:
 
         g = tk.GLUON_FP8_CONFIG
         runs = [dict(fp8=True, config=tk.FP8_CONFIG, split=True),
+                dict(fp8=True, config=tk.FP8_CONFIG, rotate=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, layout="vllm"),
                 # Ampere / Ada, or a layout TMA cannot take: pointer loads
@@ -208,6 +215,7 @@ def scenarios(arch: str) -> list[dict]:
             config = tk.TileConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
                                    use_tma=False)
             runs.append(dict(fp8=fp8, config=config, split=True))
+        runs.append(dict(runs[0], rotate=True))
     return runs
 
 
