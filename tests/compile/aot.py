@@ -35,6 +35,7 @@ from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
 from mla_plugins.core.kernels import triton_attention as ta
+from mla_plugins.core.kernels import triton_heads as th
 from mla_plugins.core.kernels import triton_kernel as tk
 from mla_plugins.core.kernels import triton_quant as tq
 from mla_plugins.core.kernels import triton_reduce as tr
@@ -114,7 +115,8 @@ def _recording(calls: list, tma: bool, permuted: bool):
                "quant_warps": lambda device, rotate: (tq.NUM_WARPS_ROTATED_ROCM if rotate and rocm
                                                       else tq.NUM_WARPS)}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
-               (ga, "mla_prefill_fp8_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
+               (ga, "mla_prefill_fp8_kernel"), (th, "_head_bound_kernel"),
+               (th, "_head_cast_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
                (tq, "quant_warps")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
     try:
@@ -164,6 +166,24 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     return calls
 
 
+def record_heads(arch: str, *, rotate: bool, batch=BATCH, layout: str = "vllm") -> list:
+    """The two launches of `triton_heads.quantize_heads` (the FA3 provider's quantization,
+    which no host code of this package runs), on CPU tensors shaped as on the device: v as
+    vLLM passes it (a view of a wider tensor) by default."""
+    from tests.core.helpers import random_batch, vllm_v_view
+
+    heads, lens = batch
+    q, k, v, cq, ck = random_batch(lens, lens, heads)
+    if layout == "vllm":
+        v = vllm_v_view(v)
+    splits = th.head_splits(max(lens), len(lens), heads, 132)
+    calls: list = []
+    with _recording(calls, arch.startswith("sm_"), arch.startswith("sm_")):
+        th.quantize_heads(q, k, v, cq, ck, len(lens), max(lens), max(lens), splits,
+                          FP8_DTYPE[arch], rotate=rotate)
+    return calls
+
+
 def spec_of(arch: str, fn, args, kwargs, name: str, total_warps: int | None = None) -> Spec:
     """The compile job Triton's launcher would make of this call for `arch`: its own binder
     and argument packing (specialization of ints and pointers included)."""
@@ -187,6 +207,9 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
     if fn.__name__ == "mla_prefill_fp8_kernel":
         return (f"gluon attention fp8 {c['BLOCK_M']}x{c['BLOCK_N']} s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
+    if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
+        part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
+        return f"heads {part}" + (" rotate" if c["ROTATE"] else "") + f" w{c['num_warps']}"
     if fn.__name__ == "_quant_qkv_kernel":
         return "quant_qkv" + (" rotate" if c["ROTATE"] else "") + f" w{c['num_warps']}"
     return f"reduce final_map={int(c['HAS_FINAL_MAP'])}"
@@ -221,18 +244,20 @@ def scenarios(arch: str) -> list[dict]:
 
 def arch_specs(arch: str, batch=BATCH) -> list[Spec]:
     """The distinct compile jobs of every launch the host code makes on `arch` (one per
-    Triton cache entry), recorded from `batch`."""
+    Triton cache entry), recorded from `batch`, and of the per-head quantization
+    (`record_heads`, rotated and not)."""
     if arch.startswith("sm_") and importlib.util.find_spec("triton.experimental.gluon") is None:
         raise RuntimeError("this Triton has no gluon: the sm_90 fp8 kernel cannot be compiled")
     from mla_plugins.core.kernels import gluon_attention as ga
 
     specs: dict[tuple, Spec] = {}
-    for run in scenarios(arch):
-        for fn, args, kwargs in record(arch, batch=batch, **run):
-            gluon = fn.__name__ == "mla_prefill_fp8_kernel"
-            spec = spec_of(arch, fn, args, kwargs, _name(fn, kwargs),
-                           ga.TOTAL_WARPS if gluon else None)
-            specs.setdefault(spec.key(), spec)
+    launches = [call for run in scenarios(arch) for call in record(arch, batch=batch, **run)]
+    launches += [call for rotate in (False, True) for call in record_heads(arch, rotate=rotate,
+                                                                            batch=batch)]
+    for fn, args, kwargs in launches:
+        gluon = fn.__name__ == "mla_prefill_fp8_kernel"
+        spec = spec_of(arch, fn, args, kwargs, _name(fn, kwargs), ga.TOTAL_WARPS if gluon else None)
+        specs.setdefault(spec.key(), spec)
     return list(specs.values())
 
 

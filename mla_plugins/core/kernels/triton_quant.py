@@ -193,22 +193,38 @@ if triton is not None:
         return finish_fp8(yn, FP8_MAX, out_ty), finish_fp8(yr, FP8_MAX, out_ty)
 
     @triton.jit
-    def qk_to_fp8(xn, xr, FP8_MAX: tl.constexpr, out_ty: tl.constexpr, ROTATE: tl.constexpr,
-                  m_nn, m_rn, m_nr, m_rr):
-        """One block of q or k rows (nope [rows, 128], rope [rows, 64], input dtype; rows
-        past the block's end loaded as zeros) under the block rule: (fp8 nope, fp8 rope,
-        float32 scale). ROTATE: the l1 bound and x @ M; else the amax and x itself."""
+    def qk_scale(xn, xr, FP8_MAX: tl.constexpr, ROTATE: tl.constexpr):
+        """The scale of one block of q or k rows (nope [rows, 128], rope [rows, 64], input
+        dtype; rows past the block's end loaded as zeros): the l1 bound with ROTATE, else
+        the amax (in the input dtype: exact, a max of bf16/fp16 values is one of them)."""
         if ROTATE:
             s = bound_scale(tl.reduce(l1_bits(xn, xr), 0, _imax), FP8_MAX)
-            c = reciprocal(s) * ROTATION_SCALE_C
-            yn, yr = rotate_to_fp8(xn, xr, c, m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty)
         else:
-            # the amax in the input dtype (exact: a max of bf16/fp16 values is one of them)
             s = scale_from_amax(max_nan(nan_aware_amax(xn), nan_aware_amax(xr)).to(tl.float32),
                                 FP8_MAX)
+        return s
+
+    @triton.jit
+    def qk_cast(xn, xr, s, FP8_MAX: tl.constexpr, out_ty: tl.constexpr, ROTATE: tl.constexpr,
+                m_nn, m_rn, m_nr, m_rr):
+        """Rows of q or k cast with their block's scale `s`: (fp8 nope, fp8 rope), x @ M
+        with ROTATE (M's blocks from `load_rotation`), else x itself."""
+        if ROTATE:
+            yn, yr = rotate_to_fp8(xn, xr, reciprocal(s) * ROTATION_SCALE_C, m_nn, m_rn, m_nr,
+                                   m_rr, FP8_MAX, out_ty)
+        else:
             inv = reciprocal(s)
             yn = to_fp8(xn, inv, FP8_MAX, out_ty)
             yr = to_fp8(xr, inv, FP8_MAX, out_ty)
+        return yn, yr
+
+    @triton.jit
+    def qk_to_fp8(xn, xr, FP8_MAX: tl.constexpr, out_ty: tl.constexpr, ROTATE: tl.constexpr,
+                  m_nn, m_rn, m_nr, m_rr):
+        """One block of q or k rows under the block rule: (fp8 nope, fp8 rope, float32
+        scale), `qk_scale` then `qk_cast`."""
+        s = qk_scale(xn, xr, FP8_MAX, ROTATE)
+        yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr, m_rr)
         return yn, yr, s
 
     @triton.jit
@@ -227,14 +243,16 @@ if triton is not None:
         return tl.reshape(tl.permute(p6, (0, 1, 3, 4, 2, 5)), [rows, BLOCK_N])
 
     @triton.jit
-    def _load_k_rows(src, k_off, ok):
-        """k rows of one head (nope, rope) in the input dtype: [rows, 128], [rows, 64]."""
+    def load_rows(src, k_off, ok):
+        """q or k rows of one head (nope, rope) in the input dtype: [rows, 128], [rows, 64];
+        `k_off` the rows' offsets [rows, 1], `ok` [rows, 1] (masked rows read as zeros)."""
         kn = tl.load(src + k_off + tl.arange(0, NOPE_C)[None, :], mask=ok, other=0.0)
         kr = tl.load(src + NOPE_C + k_off + tl.arange(0, ROPE_C)[None, :], mask=ok, other=0.0)
         return kn, kr
 
     @triton.jit
-    def _store_k_rows(dst, off, ok, yn, yr):
+    def store_rows(dst, off, ok, yn, yr):
+        """The fp8 nope and rope parts of rows of one head at dst + off ([rows, 1] offsets)."""
         tl.store(dst + off + tl.arange(0, NOPE_C)[None, :], yn, mask=ok)
         tl.store(dst + NOPE_C + off + tl.arange(0, ROPE_C)[None, :], yr, mask=ok)
 
@@ -247,13 +265,13 @@ if triton is not None:
         transposed v tile. n_rows: the block's rows in the sequence; n_cols: vt8 columns up
         to the next sequence's first."""
         ok = (t < n_rows - p * SUB)[:, None]
-        kn, kr = _load_k_rows(src + p * SUB * sk_t, k_off, ok)
+        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
         if ROTATE:
             yn, yr = rotate_to_fp8(kn, kr, inv_k, m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty)
         else:
             yn = to_fp8(kn, inv_k, FP8_MAX, out_ty)
             yr = to_fp8(kr, inv_k, FP8_MAX, out_ty)
-        _store_k_rows(dst + p * SUB * heads * (NOPE_C + ROPE_C), k8_off, ok, yn, yr)
+        store_rows(dst + p * SUB * heads * (NOPE_C + ROPE_C), k8_off, ok, yn, yr)
         ok_v = (tv < n_rows - p * SUB)[:, None]
         x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok_v, other=0.0)
         tl.store(vrow + p * SUB + vt_off, tl.trans(to_fp8(x, inv_v, FP8_MAX, out_ty)),
@@ -310,11 +328,11 @@ if triton is not None:
                     else:
                         m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
                     ok = (t < k1 - r0)[:, None]
-                    kn, kr = _load_k_rows(src, k_off, ok)
+                    kn, kr = load_rows(src, k_off, ok)
                     x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                     yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr, m_rr)
                     s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
-                    _store_k_rows(dst, k8_off, ok, yn, yr)
+                    store_rows(dst, k8_off, ok, yn, yr)
                     # v transposed in registers: [128 features, SUB tokens], tokens contiguous;
                     # columns past the sequence's end get the masked loads' zeros (the gap up
                     # to the next sequence's first column); the next sequence's are left alone
@@ -325,7 +343,7 @@ if triton is not None:
                     # the parts' loads), merged row by row, then one reduction per tile
                     # (ROTATE: each row's l1 sum, merged by max over the parts' rows)
                     ok = (t < k1 - r0)[:, None]
-                    kn, kr = _load_k_rows(src, k_off, ok)
+                    kn, kr = load_rows(src, k_off, ok)
                     if ROTATE:
                         m_kb = tl.reduce(l1_bits(kn, kr), 0, _imax)
                         m_kn, m_kr = 0, 0
@@ -337,7 +355,7 @@ if triton is not None:
                     m_v = tl.reduce(abs_bits(tl.load(vsrc + v_off, mask=ok_v, other=0.0)), 1, _imax)
                     for p in tl.static_range(1, PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
-                        kn, kr = _load_k_rows(src + p * SUB * sk_t, k_off, ok)
+                        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
                         if ROTATE:
                             m_kb = tl.maximum(m_kb, tl.reduce(l1_bits(kn, kr), 0, _imax))
                         else:
@@ -416,10 +434,10 @@ if triton is not None:
                     for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
                         h = g * HEADS_PER_PROGRAM + hh
                         src = Q + h.to(tl.int64) * sq_h + r0.to(tl.int64) * sq_t
-                        qn, qr = _load_k_rows(src, q_off, ok)
+                        qn, qr = load_rows(src, q_off, ok)
                         yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr,
                                                 m_rr)
-                        _store_k_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok, yn, yr)
+                        store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok, yn, yr)
                         # the block's scale at each of its rows (fp8.block_scales' layout)
                         tl.store(QS + (r0 + t).to(tl.int64) * heads + h,
                                  tl.full([QBLOCK_C], 0.0, tl.float32) + s_q, mask=ok_r)
