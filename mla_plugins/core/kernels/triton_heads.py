@@ -283,7 +283,9 @@ def quantize_heads(
     `out`: the five buffers to write into (`head_workspace_layout`), else allocated.
     `fp8_max` overrides the format's largest value (the interpreter's fp16 storage).
     `heads_per_program`, `num_warps` (`triton_quant.quant_warps` by default) and `blocks`
-    (64-row blocks per pass-2 program) are tuning knobs; the outputs do not depend on them.
+    (64-row blocks per pass-2 program) are tuning knobs; as for `triton_quant.quantize_qkv`,
+    the amax rule's outputs do not depend on them, the rotated ones at most by the order of
+    float32 sums.
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")

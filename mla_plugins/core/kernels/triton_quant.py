@@ -553,8 +553,9 @@ def quantize_qkv(
     interpreter). `rotate`: q and k rotated (core/fp8.py; M from `rotation_operand`).
     `heads_per_program`, `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row
     q blocks per program, default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) are tuning
-    knobs; the outputs do not
-    depend on them. `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
+    knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
+    could only change the order of the products' float32 sums (benchmarks/quant_bench.py
+    compares every configuration). `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
     default, which is what the attention kernels read.
     """
     total_k, heads = k.shape[0], k.shape[1]
