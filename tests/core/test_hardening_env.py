@@ -22,7 +22,7 @@ READERS = {
     "MLA_PLUGINS_FP8_ROTATE": settings.fp8_rotate_enabled,
 }
 DEFAULTS = {"MLA_PLUGINS_FP8": False, "MLA_PLUGINS_SHIM": True, "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
-            "MLA_PLUGINS_GLUON": True, "MLA_PLUGINS_FP8_ROTATE": False}
+            "MLA_PLUGINS_GLUON": True, "MLA_PLUGINS_FP8_ROTATE": True}
 
 
 @pytest.fixture(autouse=True)

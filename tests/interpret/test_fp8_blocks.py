@@ -14,7 +14,15 @@ import pytest
 import torch
 
 import mla_plugins
-from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_cast, block_quantize, block_scales, rotate
+from mla_plugins.core.fp8 import (
+    KV_BLOCK,
+    Q_BLOCK,
+    block_cast,
+    block_quantize,
+    block_scales,
+    rotate,
+    rotation_applies,
+)
 from mla_plugins.core.reference import reference_attention, relative_error
 from tests.core.helpers import FP8_TOL, cu_seqlens, poisoned, random_batch
 
@@ -33,12 +41,12 @@ def _poison(q, k, v, cq, ck):
     v[k0 + 130, 0, 7] = 1e30
 
 
-def _run(kernel, q, k, v, cq, ck, dtype):
+def _run(kernel, q, k, v, cq, ck, dtype, rotate=None):
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=q.shape[1], tile_q=64, kv_granularity=128,
                                     num_workers=1)
     out = poisoned((q.shape[0], q.shape[1], 128), dtype)
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, out=out, return_lse=True,
-                                     plan=plan, kernel=kernel)
+                                     plan=plan, kernel=kernel, fp8_rotate=rotate)
     return out, lse
 
 
@@ -134,12 +142,15 @@ def test_block_scales_follow_the_rule(block):
     assert torch.isfinite(q8.float()).all(), "stored fp8 values must stay finite (NaN -> 0)"
 
 
-def test_torch_kernel_matches_fp8_reference():
+@pytest.mark.parametrize("rotation", [None, False, True], ids=["default", "amax", "rotated"])
+def test_torch_kernel_matches_fp8_reference(rotation):
     """The torch kernel and the float64 reference quantize alike: far closer to each other
-    than either is to unquantized attention."""
+    than either is to unquantized attention (`rotate` None: MLA_PLUGINS_FP8_ROTATE's default,
+    on, as fp8.rotation_applies resolves it)."""
     q, k, v, cq, ck = random_batch([1, 200, 257], [129, 700, 513], 4)
-    out, _ = _run("torch", q, k, v, cq, ck, torch.bfloat16)
-    ref8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8)
+    out, _ = _run("torch", q, k, v, cq, ck, torch.bfloat16, rotation)
+    ref8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8,
+                                  fp8_rotate=rotation_applies(192, rotation))
     ref, _ = reference_attention(q, k, v, cq, ck)
     assert relative_error(out, ref8) < 1e-2
     assert relative_error(out, ref) < FP8_TOL

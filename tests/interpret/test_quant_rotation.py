@@ -319,3 +319,22 @@ def test_fp8_attention_isolates_sequences(emulated, rotate):
         assert torch.equal(out[rows], alone) and torch.equal(lse[rows], alone_lse), b
     s1 = slice(cqh[1], cqh[2])
     assert torch.isfinite(out[s1, 1]).all(), "head 1 of sequence 1 holds no bad value"
+
+
+def test_rotation_is_the_default(emulated, monkeypatch):
+    """mla_prefill(fp8_rotate=None) resolves through fp8.rotation_applies: rotated by default
+    (MLA_PLUGINS_FP8_ROTATE unset), not with the variable off."""
+    q, k, v, cq, ck = random_batch([70, 130], [150, 130], 2, dtype=torch.float16)
+
+    def run(rotate):
+        out = poisoned((q.shape[0], 2, 128), torch.float16)
+        mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, fp8_rotate=rotate, out=out,
+                                kernel="triton")
+        return out
+
+    monkeypatch.delenv("MLA_PLUGINS_FP8_ROTATE", raising=False)
+    rotated, plain = run(True), run(False)
+    assert not torch.equal(rotated, plain)
+    assert torch.equal(run(None), rotated)
+    monkeypatch.setenv("MLA_PLUGINS_FP8_ROTATE", "off")
+    assert torch.equal(run(None), plain)
