@@ -175,8 +175,8 @@ def time_ours(q, k, v, cq, ck, heads, fp8, plan, config=None, e2e=True, graphs=N
         graphs["e2e_graph_ms"] = graph_ms(run_e2e)
     ms_attn = None
     if fp8:
-        quant = tq.quantize_kv(k, v, ck, len(plan.cu_seqlens_host[1]) - 1, plan.max_seqlen_k,
-                               inputs.fp8_dtype)
+        quant = tq.quantize_qkv(q, k, v, cq, ck, len(plan.cu_seqlens_host[1]) - 1, plan.max_seqlen_q,
+                                plan.max_seqlen_k, inputs.fp8_dtype, rotate=inputs.fp8_rotate)
 
         def run_attn():
             run_prefill(inputs, plan, out, None, po, pl, config=config, quantized=quant)

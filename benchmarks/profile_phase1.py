@@ -39,7 +39,8 @@ def main():
     q, k, v, cq, ck = make_batch(lq, lk, heads, "cuda")
     plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=cfg.block_m, num_workers=1)
     inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
-    quant = tq.quantize_kv(k, v, ck, len(lq), max(lk), torch.float8_e4m3fn)
+    quant = tq.quantize_qkv(q, k, v, cq, ck, len(lq), max(lq), max(lk), torch.float8_e4m3fn,
+                             rotate=inputs.fp8_rotate)
     out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device="cuda")
     po = torch.empty(1, heads, 128, device="cuda")
     pl = torch.empty(1, heads, device="cuda")

@@ -1,36 +1,53 @@
-"""Times the k/v block quantization (triton_quant.quantize_kv) per launch configuration.
+"""Times the FP8 quantization kernels per launch configuration, in one device call.
 
-For each configuration (warps, sweeps over the 128-key block) of the kernel: bitwise
-equality with the default configuration on fresh random bf16 inputs with a NaN, an inf and
-irregular sequence lengths (outputs pre-filled with the same random bytes, so unwritten
-cells compare too), and TB/s of (bytes read + bytes written) from triton.testing.do_bench,
-with a device copy of the same bytes as the ceiling.
+Variants (each with and without the rotation of q and k, core/fp8.py):
+- `kv`: the block rule for k and v alone (triton_quant.quantize_kv: the figures of the
+  NOTES before q moved out of the attention);
+- `qkv`: the block rule for q, k and v in one launch (quantize_qkv, what mla_prefill runs);
+- `heads`: one scale per (sequence, head), two launches (triton_heads.quantize_heads, the
+  FA3 provider's quantization), splits from head_splits.
 
-    PYTHONPATH=. python benchmarks/quant_bench.py
+For each configuration (warps, sweeps over a key block, q blocks per program, heads per
+program): equality with the variant's default configuration on fresh random bf16 inputs
+with a NaN, an inf and irregular sequence lengths (outputs pre-filled with the same random
+bytes, so unwritten cells compare too; bit for bit for the amax rule, and printed as the
+count of differing bytes for the rotated one, whose products may sum in another order),
+then TB/s of (bytes read + bytes written) from triton.testing.do_bench, with a device copy
+of the same bytes as the ceiling. Bytes: the bf16 inputs read once and fp8 written once
+(block rule: 3 bytes an element), read twice (`heads`: 5 bytes an element), plus scales.
+
+    PYTHONPATH=. python benchmarks/quant_bench.py [--only kv,qkv,heads]
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 import triton
 import triton.testing
 
+from mla_plugins.core.kernels import triton_heads as th
 from mla_plugins.core.kernels import triton_quant as tq
 
 FP8 = torch.float8_e4m3fn
-#: (num_warps, parts); the default (tq.NUM_WARPS, tq.PARTS) is the reference
-CONFIGS = [(16, 2), (8, 4), (16, 4), (8, 2), (16, 1), (8, 1)]
+#: per variant, configurations as keyword arguments; the first is the default
+CONFIGS = {
+    "kv": [dict(), dict(num_warps=8, parts=4), dict(num_warps=16, parts=4),
+           dict(num_warps=8, parts=2), dict(num_warps=16, parts=1), dict(num_warps=8, parts=1)],
+    "qkv": [dict(), dict(num_warps=8), dict(q_blocks=1), dict(q_blocks=4),
+            dict(heads_per_program=2), dict(parts=1)],
+    "heads": [dict(), dict(num_warps=8), dict(blocks=1), dict(blocks=4), dict(heads_per_program=2)],
+}
 SHAPES = {"B8-S2048-H128": ([2048] * 8, 128), "B1-S8192-H128": ([8192], 128),
-          "B16-S512-H16": ([512] * 16, 16)}
+          "B16-S512-H16": ([512] * 16, 16), "B1-S16384-H16": ([16384], 16)}
 CHECKS = {"irregular H5": ([333, 0, 64, 517, 1, 15, 4096], 5),
           "irregular H128": ([333, 0, 64, 517, 1, 15, 1000], 128)}
 
 
-def buffers(total, heads, batch, seed=0):
-    """(k8, vt8, scales) pre-filled with the same random bytes."""
-    t_pad = tq.vt_padded_len(total, batch)
+def random_like(shapes, seed=0):
+    """Buffers of the given (shape, dtype)s pre-filled with the same random bytes."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    shapes = [((total, heads, 192), FP8), ((heads * 128, t_pad), FP8), ((2, heads, t_pad // 16), torch.float32)]
     out = []
     for shape, dt in shapes:
         nbytes = torch.Size(shape).numel() * torch.tensor([], dtype=dt).element_size()
@@ -39,51 +56,98 @@ def buffers(total, heads, batch, seed=0):
     return out
 
 
+def buffers(variant, total, heads, batch, splits):
+    t_pad = tq.vt_padded_len(total, batch)
+    kv = [((total, heads, 192), FP8), ((heads * 128, t_pad), FP8),
+          ((2, heads, t_pad // 16), torch.float32)]
+    if variant == "kv":
+        return random_like(kv)
+    if variant == "qkv":
+        return random_like([((total, heads, 192), FP8), ((total, heads), torch.float32)] + kv)
+    return random_like([(shape, dt) for _, shape, dt in
+                        th.head_workspace_layout(total, total, batch, heads, splits, FP8)])
+
+
 def inputs(lens, heads):
     total = sum(lens)
-    k = torch.randn(total, heads, 192, device="cuda", dtype=torch.bfloat16) * 3
-    v = torch.randn(total, heads, 128, device="cuda", dtype=torch.bfloat16) * 3
+    mk = lambda d: torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16) * 3  # noqa: E731
+    q, k, v = mk(192), mk(192), mk(128)
     if total > 400:
         k[400, heads - 1, 7] = float("nan")
         v[300, 0, 5] = float("inf")
-    ck = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    return k, v, ck
+        q[350, 0, 9] = float("inf")
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    return q, k, v, cu
 
 
-def same(a, b):
-    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b, strict=True))
+def run(variant, rotate, q, k, v, cu, lens, out, splits, config):
+    n, m = len(lens), max(lens)
+    if variant == "kv":
+        return tq.quantize_kv(k, v, cu, n, m, FP8, out=out, rotate=rotate, **config)
+    if variant == "qkv":
+        return tq.quantize_qkv(q, k, v, cu, cu, n, m, m, FP8, out=out, rotate=rotate, **config)
+    return th.quantize_heads(q, k, v, cu, cu, n, m, m, splits, FP8, rotate=rotate, out=out, **config)
 
 
-def run(k, v, ck, lens, out, warps, parts):
-    return tq.quantize_kv(k, v, ck, len(lens), max(lens), FP8, out=out, num_warps=warps, parts=parts)
+def differing_bytes(a, b):
+    return sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
+               for x, y in zip(a, b, strict=True) if x is not None)
+
+
+def moved_bytes(variant, total, heads, batch, splits):
+    elems_kv = total * heads * (192 + 128)
+    elems_q = total * heads * 192
+    if variant == "kv":
+        return elems_kv * 3 + 2 * heads * tq.vt_padded_len(total, batch) // 16 * 4
+    if variant == "qkv":
+        return ((elems_kv + elems_q) * 3 + total * heads * 4
+                + 2 * heads * tq.vt_padded_len(total, batch) // 16 * 4)
+    return (elems_kv + elems_q) * 5 + (splits + 1) * 3 * batch * heads * 4 * 2
 
 
 def main():
-    print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}; default: "
-          f"{tq.NUM_WARPS} warps, {tq.PARTS} sweep(s)")
-    for name, (lens, heads) in {**CHECKS, **SHAPES}.items():
-        k, v, ck = inputs(lens, heads)
-        total, batch = k.shape[0], len(lens)
-        ref = run(k, v, ck, lens, buffers(total, heads, batch), tq.NUM_WARPS, tq.PARTS)
-        for w, parts in CONFIGS:
-            got = run(k, v, ck, lens, buffers(total, heads, batch), w, parts)
-            print(f"{name} w{w} parts{parts}: bitwise equal to the default: {same(ref, got)}")
-    for name, (lens, heads) in SHAPES.items():
-        _time(name, lens, heads)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="kv,qkv,heads")
+    args = ap.parse_args()
+    variants = args.only.split(",")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}, {sms} SMs")
+    for variant in variants:
+        for rotate in (False, True):
+            for name, (lens, heads) in {**CHECKS, **SHAPES}.items():
+                q, k, v, cu = inputs(lens, heads)
+                total, batch = k.shape[0], len(lens)
+                splits = th.head_splits(max(lens), batch, heads, sms)
+                configs = CONFIGS[variant]
+                ref = run(variant, rotate, q, k, v, cu, lens,
+                          buffers(variant, total, heads, batch, splits), splits, configs[0])
+                for config in configs[1:]:
+                    got = run(variant, rotate, q, k, v, cu, lens,
+                              buffers(variant, total, heads, batch, splits), splits, config)
+                    print(f"{variant} rotate={rotate} {name} {config}: bytes differing from the "
+                          f"default: {differing_bytes(ref, got)}")
+    for variant in variants:
+        for rotate in (False, True):
+            for name, (lens, heads) in SHAPES.items():
+                _time(variant, rotate, name, lens, heads, sms)
 
 
-def _time(name, lens, heads):
-    k, v, ck = inputs(lens, heads)
+def _time(variant, rotate, name, lens, heads, sms):
+    q, k, v, cu = inputs(lens, heads)
     total, batch = k.shape[0], len(lens)
-    moved = total * heads * (192 + 128) * 3 + 2 * heads * tq.vt_padded_len(total, batch) // 16 * 4
-    out = buffers(total, heads, batch)
-    for w, parts in CONFIGS:
-        ms = triton.testing.do_bench(lambda w=w, parts=parts: run(k, v, ck, lens, out, w, parts))
-        print(f"{name} w{w} parts{parts}: {ms * 1e3:.0f} us, {moved / ms / 1e9:.2f} TB/s")
+    splits = th.head_splits(max(lens), batch, heads, sms)
+    moved = moved_bytes(variant, total, heads, batch, splits)
+    out = buffers(variant, total, heads, batch, splits)
+    for config in CONFIGS[variant]:
+        ms = triton.testing.do_bench(
+            lambda config=config: run(variant, rotate, q, k, v, cu, lens, out, splits, config))
+        print(f"{variant} rotate={rotate} {name} {config or 'default'}"
+              f"{f' splits={splits}' if variant == 'heads' else ''}: {ms * 1e3:.0f} us, "
+              f"{moved / ms / 1e9:.2f} TB/s")
     dst = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
     src = torch.empty_like(dst)
     ms = triton.testing.do_bench(lambda: dst.copy_(src))
-    print(f"{name} copy of the same bytes: {moved / ms / 1e9:.2f} TB/s")
+    print(f"{variant} {name} copy of the same bytes: {moved / ms / 1e9:.2f} TB/s")
 
 
 if __name__ == "__main__":

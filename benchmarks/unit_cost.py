@@ -49,7 +49,8 @@ def main():
             lq, lk = [128] * batch, [128 * n] * batch
             q, k, v, cq, ck = make_batch(lq, lk, HEADS, device)
             inputs = make_inputs(q, k, v, cq, ck, causal=causal, fp8=True)
-            quant = tq.quantize_kv(k, v, ck, batch, max(lk), inputs.fp8_dtype)
+            quant = tq.quantize_qkv(q, k, v, cq, ck, batch, max(lq), max(lk), inputs.fp8_dtype,
+                                    rotate=inputs.fp8_rotate)
             for label, cfg in kernels.items():
                 plan = plan_prefill(cq, ck, num_heads=HEADS, causal=causal, tile_q=cfg.block_m,
                                     num_workers=1)

@@ -36,8 +36,7 @@ FLAGS: dict[str, bool | None] = {
     "MLA_PLUGINS_SHIM": True,
     "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
     "MLA_PLUGINS_GLUON": True,
-    # off until every fp8 kernel follows the rotation (the Triton quantization)
-    "MLA_PLUGINS_FP8_ROTATE": False,
+    "MLA_PLUGINS_FP8_ROTATE": True,
 }
 
 _warned: set[tuple[str, str]] = set()

@@ -35,6 +35,7 @@ from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
 from mla_plugins.core.kernels import triton_attention as ta
+from mla_plugins.core.kernels import triton_heads as th
 from mla_plugins.core.kernels import triton_kernel as tk
 from mla_plugins.core.kernels import triton_quant as tq
 from mla_plugins.core.kernels import triton_reduce as tr
@@ -105,17 +106,22 @@ class _Recorder:
 def _recording(calls: list, tma: bool, permuted: bool):
     """Every kernel launch of the host code goes to `calls` instead of a GPU; `tma` is what
     the host code's TMA check answers (sm_90: yes; Ampere, Ada, ROCm: no), `permuted` what
-    `triton_quant.permuted_v` answers (CUDA: yes; ROCm: no)."""
+    `triton_quant.permuted_v` answers (CUDA: yes; ROCm: no), and `triton_quant.quant_warps`
+    answers as on CUDA (permuted) or on ROCm."""
     from mla_plugins.core.kernels import gluon_attention as ga
 
-    answers = {"_can_tma": tma, "permuted_v": permuted}
-    patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_kv_kernel"), (tr, "_reduce_kernel"),
-               (ga, "mla_prefill_fp8_kernel"), (tk, "_can_tma"), (tq, "permuted_v")]
+    rocm = not permuted
+    answers = {"_can_tma": lambda device: tma, "permuted_v": lambda device: permuted,
+               "quant_warps": lambda device, rotate: (tq.NUM_WARPS_ROTATED_ROCM if rotate and rocm
+                                                      else tq.NUM_WARPS)}
+    patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
+               (ga, "mla_prefill_fp8_kernel"), (th, "_head_bound_kernel"),
+               (th, "_head_cast_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
+               (tq, "quant_warps")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
     try:
         for mod, name, fn in saved:
-            setattr(mod, name, (lambda device, a=answers[name]: a) if name in answers
-                    else _Recorder(fn, calls))
+            setattr(mod, name, answers[name] if name in answers else _Recorder(fn, calls))
         yield
     finally:
         for mod, name, fn in saved:
@@ -123,10 +129,11 @@ def _recording(calls: list, tma: bool, permuted: bool):
 
 
 def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
-           split: bool = False, tma: bool | None = None) -> list:
+           split: bool = False, tma: bool | None = None, rotate: bool = False) -> list:
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
-    host code (`TritonKernel._run_ordinary`: the workspace views, the quantization, phase 1
-    with `config`, the reduce of a split plan), on CPU tensors shaped as on the device."""
+    host code (`TritonKernel._run_ordinary`: the workspace views, the quantization (q and k
+    rotated with `rotate`), phase 1 with `config`, the reduce of a split plan), on CPU
+    tensors shaped as on the device."""
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.base import PrefillInputs
     from tests.core.helpers import random_batch, vllm_v_view
@@ -137,7 +144,8 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
         v = vllm_v_view(v)
     inputs = PrefillInputs(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck, softmax_scale=0.07,
                            causal=True, fp8=fp8, fp8_dtype=FP8_DTYPE[arch],
-                           max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+                           max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+                           fp8_rotate=fp8 and rotate)
     plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=config.block_m,
                         num_workers=heads * 4 if split else 1)
     plan.memo[("phase1_config", fp8)] = config  # what batch_config picks on the device
@@ -155,6 +163,24 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
                 reduce_indptr=plan.reduce_indptr, reduce_final_map=None,
                 reduce_partial_map=plan.reduce_partial_map, tile_q=plan.tile_q, num_kv_splits=0,
                 out=out, final_lse=lse))
+    return calls
+
+
+def record_heads(arch: str, *, rotate: bool, batch=BATCH, layout: str = "vllm") -> list:
+    """The two launches of `triton_heads.quantize_heads` (the FA3 provider's quantization,
+    which no host code of this package runs), on CPU tensors shaped as on the device: v as
+    vLLM passes it (a view of a wider tensor) by default."""
+    from tests.core.helpers import random_batch, vllm_v_view
+
+    heads, lens = batch
+    q, k, v, cq, ck = random_batch(lens, lens, heads)
+    if layout == "vllm":
+        v = vllm_v_view(v)
+    splits = th.head_splits(max(lens), len(lens), heads, 132)
+    calls: list = []
+    with _recording(calls, arch.startswith("sm_"), arch.startswith("sm_")):
+        th.quantize_heads(q, k, v, cq, ck, len(lens), max(lens), max(lens), splits,
+                          FP8_DTYPE[arch], rotate=rotate)
     return calls
 
 
@@ -181,8 +207,11 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
     if fn.__name__ == "mla_prefill_fp8_kernel":
         return (f"gluon attention fp8 {c['BLOCK_M']}x{c['BLOCK_N']} s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
-    if fn.__name__ == "_quant_kv_kernel":
-        return "quant_kv"
+    if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
+        part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
+        return f"heads {part}" + (" rotate" if c["ROTATE"] else "") + f" w{c['num_warps']}"
+    if fn.__name__ == "_quant_qkv_kernel":
+        return "quant_qkv" + (" rotate" if c["ROTATE"] else "") + f" w{c['num_warps']}"
     return f"reduce final_map={int(c['HAS_FINAL_MAP'])}"
 
 
@@ -193,6 +222,7 @@ def scenarios(arch: str) -> list[dict]:
 
         g = tk.GLUON_FP8_CONFIG
         runs = [dict(fp8=True, config=tk.FP8_CONFIG, split=True),
+                dict(fp8=True, config=tk.FP8_CONFIG, rotate=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, layout="vllm"),
                 # Ampere / Ada, or a layout TMA cannot take: pointer loads
@@ -208,23 +238,26 @@ def scenarios(arch: str) -> list[dict]:
             config = tk.TileConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
                                    use_tma=False)
             runs.append(dict(fp8=fp8, config=config, split=True))
+        runs.append(dict(runs[0], rotate=True))
     return runs
 
 
 def arch_specs(arch: str, batch=BATCH) -> list[Spec]:
     """The distinct compile jobs of every launch the host code makes on `arch` (one per
-    Triton cache entry), recorded from `batch`."""
+    Triton cache entry), recorded from `batch`, and of the per-head quantization
+    (`record_heads`, rotated and not)."""
     if arch.startswith("sm_") and importlib.util.find_spec("triton.experimental.gluon") is None:
         raise RuntimeError("this Triton has no gluon: the sm_90 fp8 kernel cannot be compiled")
     from mla_plugins.core.kernels import gluon_attention as ga
 
     specs: dict[tuple, Spec] = {}
-    for run in scenarios(arch):
-        for fn, args, kwargs in record(arch, batch=batch, **run):
-            gluon = fn.__name__ == "mla_prefill_fp8_kernel"
-            spec = spec_of(arch, fn, args, kwargs, _name(fn, kwargs),
-                           ga.TOTAL_WARPS if gluon else None)
-            specs.setdefault(spec.key(), spec)
+    launches = [call for run in scenarios(arch) for call in record(arch, batch=batch, **run)]
+    launches += [call for rotate in (False, True) for call in record_heads(arch, rotate=rotate,
+                                                                            batch=batch)]
+    for fn, args, kwargs in launches:
+        gluon = fn.__name__ == "mla_prefill_fp8_kernel"
+        spec = spec_of(arch, fn, args, kwargs, _name(fn, kwargs), ga.TOTAL_WARPS if gluon else None)
+        specs.setdefault(spec.key(), spec)
     return list(specs.values())
 
 

@@ -31,6 +31,9 @@ def test_compiles_without_spills(spec):
         f"of stack/scratch at {res.regs} registers; choose another configuration in "
         "triton_attention.ARCH_CONFIGS (or the kernel's launch) for this arch"
     )
+    if spec.arch == "sm_90" and (spec.gluon or ("rotate" in spec.name and "bound" not in spec.name)):
+        # the Gluon attention's products, and the rotation of q and k, on the tensor cores
+        assert res.extra["wgmma"], f"{spec.name}: no wgmma (HGMMA/QGMMA) in its SASS"
 
 
 @pytest.mark.parametrize("arch", list(aot.TARGETS))
@@ -54,12 +57,14 @@ def test_every_kernel_is_covered():
     from mla_plugins.core.kernels import (
         gluon_attention,
         triton_attention,
+        triton_heads,
         triton_quant,
         triton_reduce,
     )
 
     launched = {s.fn.__name__ for s in SPECS}
-    jit = {name: obj for mod in (triton_attention, triton_quant, triton_reduce, gluon_attention)
+    jit = {name: obj for mod in (triton_attention, triton_quant, triton_reduce, gluon_attention,
+                                 triton_heads)
            for name, obj in vars(mod).items()
            if type(obj).__name__ in ("JITFunction", "GluonJITFunction")}
     sources = {name: fn.src for name, fn in jit.items()}
@@ -67,8 +72,8 @@ def test_every_kernel_is_covered():
         called = any(re.search(rf"\b{re.escape(name)}\b", src) for other, src in sources.items()
                      if other != name)
         assert called or name in launched, f"{name} is a kernel no recorded launch compiles"
-    assert {"mla_prefill_kernel", "mla_prefill_fp8_kernel", "_quant_kv_kernel",
-            "_reduce_kernel"} <= launched
+    assert {"mla_prefill_kernel", "mla_prefill_fp8_kernel", "_quant_qkv_kernel",
+            "_reduce_kernel", "_head_bound_kernel", "_head_cast_kernel"} <= launched
 
 
 @pytest.mark.parametrize("arch", list(aot.TARGETS))
@@ -79,6 +84,6 @@ def test_v_key_order_follows_the_arch(arch):
 
     calls = aot.record(arch, True, tk.default_config(torch.device("cpu"), True))
     orders = {fn.__name__: kwargs.get("PERMUTED", kwargs.get("V_PERM")) for fn, _, kwargs in calls
-              if fn.__name__ in ("_quant_kv_kernel", "mla_prefill_kernel")}
+              if fn.__name__ in ("_quant_qkv_kernel", "mla_prefill_kernel")}
     want = arch.startswith("sm_")
-    assert orders == {"_quant_kv_kernel": want, "mla_prefill_kernel": want}, orders
+    assert orders == {"_quant_qkv_kernel": want, "mla_prefill_kernel": want}, orders

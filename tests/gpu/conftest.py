@@ -60,9 +60,12 @@ def device():
     return torch.device("cuda")
 
 
-def make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, fp8=True, softmax_scale=None):
-    """A PrefillInputs for calling a provider directly (the public API builds the same)."""
+def make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, fp8=True, softmax_scale=None,
+                fp8_rotate=None):
+    """A PrefillInputs for calling a provider directly (the public API builds the same,
+    `fp8_rotate` resolved as `mla_prefill` resolves it)."""
     from mla_plugins.core.device import fp8_dtype_for
+    from mla_plugins.core.fp8 import rotation_applies
     from mla_plugins.core.kernels.base import PrefillInputs
 
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -72,4 +75,5 @@ def make_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=True, fp8=True, s
         causal=causal, fp8=fp8, fp8_dtype=fp8_dtype_for(q.device),
         max_seqlen_q=max((b - a for a, b in zip(cq, cq[1:], strict=False)), default=0),
         max_seqlen_k=max((b - a for a, b in zip(ck, ck[1:], strict=False)), default=0),
+        fp8_rotate=fp8 and rotation_applies(q.shape[2], fp8_rotate),
     )

@@ -186,6 +186,124 @@ def test_quantization_all_zero_scale_one(device):
     assert (k8.float() == 0).all() and (vt8[:, :40].float() == 0).all()
 
 
+#: a rotated row's float32 sum of 192 products may be off by 192 ulps of the sum of their
+#: magnitudes (at most the fp8 maximum once scaled)
+SUM_ERROR = 192 * 2.0**-24 * 448.0
+
+
+def assert_fp8_close(got, want, rotated):
+    """fp8 values: bit for bit (unrotated), or one e4m3 step apart (or the float32 sum's
+    error) where the tensor cores' float32 sums and the rule's float64 ones round on either
+    side of a midpoint (rotated), rarely."""
+    if not rotated:
+        assert torch.equal(got.cpu().view(torch.uint8), want.cpu().view(torch.uint8))
+        return
+    g, w = got.cpu().float(), want.cpu().float()
+    mag = w.abs().clamp_min(2.0**-6)  # e4m3's smallest normal; subnormal steps are 2^-9
+    step = 2.0 ** (torch.floor(torch.log2(mag)) - 3)
+    diff = (g - w).abs()
+    assert (diff <= torch.maximum(step, torch.full_like(step, SUM_ERROR))).all()
+    assert (diff > 0).float().mean() < 1e-2
+
+
+def assert_scales_close(got, want, rotated):
+    got, want = got.cpu(), want.cpu()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    ok = torch.isfinite(want)
+    if rotated:  # float32 row sums in another order
+        torch.testing.assert_close(got[ok], want[ok], rtol=1e-6, atol=0)
+    else:
+        assert torch.equal(got[ok], want[ok])
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_qkv_quantization_matches_core_rule(dtype, rotate, phase1, device):
+    """quantize_qkv: q8 and the q scales at every row, k8 and k's scales (rotated or not),
+    v's transposed copy, against core/fp8.py's block_quantize; q a strided view, v vLLM's."""
+    from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_quantize
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    if phase1 != "portable":
+        pytest.skip("no attention: one run")
+    lens_q, lens_k = [333, 0, 64, 517, 1], [400, 0, 64, 517, 129]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, 5, dtype=dtype, scale=3.0, device=device)
+    q = torch.cat((q, q[..., :64]), dim=-1)[..., :192]
+    v = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+    q[10, 2, 7] = float("nan")
+    k[500, 1, 3] = float("inf")
+    fp8 = torch.float8_e4m3fn
+    q8, qs, k8, vt8, scales = tq.quantize_qkv(q, k, v, cq, ck, 5, 517, 517, fp8, rotate=rotate)
+    cuq, cuk = cq.tolist(), ck.tolist()
+    rq, sq = block_quantize(q.cpu(), cuq, fp8, block=Q_BLOCK, rotate_=rotate)
+    rk, sk = block_quantize(k.cpu(), cuk, fp8, block=KV_BLOCK, rotate_=rotate)
+    rv, sv = block_quantize(v.cpu(), cuk, fp8, block=KV_BLOCK)
+    assert_fp8_close(q8, rq, rotate)
+    assert_scales_close(qs, sq, rotate)
+    assert_fp8_close(k8, rk, rotate)
+    vt, scales = vt8.cpu(), scales.cpu()
+    for b in range(len(lens_k)):
+        cols = tq.vt_column(cuk[b], b, torch.arange(cuk[b + 1] - cuk[b]), tq.permuted_v(vt8.device))
+        got = vt[:, cols].reshape(5, 128, -1).permute(2, 0, 1).contiguous()
+        assert torch.equal(got.view(torch.uint8), rv[cuk[b]:cuk[b + 1]].view(torch.uint8))
+        for t in range(cuk[b], cuk[b + 1], KV_BLOCK):
+            c = tq.vt_column(cuk[b], b, t - cuk[b], False) // 16
+            assert_scales_close(scales[0, :, c], sk[t], rotate)
+            assert torch.equal(scales[1, :, c], sv[t])
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("splits", [1, 7, 32])
+def test_head_quantization_matches_head_quantize(splits, rotate, phase1, device):
+    """triton_heads.quantize_heads (the FA3 provider's rule) against fp8.head_quantize on
+    CUDA: fp8 values in FA3's natural layouts, descales [3, B, H]; v a strided view."""
+    from mla_plugins.core.fp8 import head_quantize
+    from mla_plugins.core.kernels import triton_heads as th
+
+    if phase1 != "portable":
+        pytest.skip("no attention: one run")
+    lens_q, lens_k = [333, 0, 64, 2000, 1], [400, 0, 64, 2000, 129]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, 6, scale=3.0, device=device)
+    v = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
+    k[700, 4, 3] = float("nan")
+    fp8 = torch.float8_e4m3fn
+    q8, k8, v8, descales, _ = th.quantize_heads(q, k, v, cq, ck, 5, 2000, 2000, splits, fp8,
+                                                rotate=rotate)
+    for x, got, d, cu, rot in ((q, q8, descales[0], cq, rotate), (k, k8, descales[1], ck, rotate),
+                               (v, v8, descales[2], ck, False)):
+        want, want_s = head_quantize(x.cpu(), cu.tolist(), fp8, rotate_=rot)
+        assert_fp8_close(got, want, rot)
+        assert_scales_close(d, want_s, rot)
+    assert (descales[:, 1] == 1).all()
+
+
+def _outliers(q, k):
+    """A few features of q and k 10x the others (field-findings section 7)."""
+    for x in (q, k):
+        x[..., 7] *= 10
+        x[..., 128:132] *= 10
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rotated_fp8_matches_float64(case, device):
+    """fp8 with the rotation (the default) against float64, and on inputs with outlier
+    features closer to it than without the rotation (what the rotation is for)."""
+    lens_q, lens_k = CASES[case]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, 8, device=device)
+    ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True)
+    out = poisoned((q.shape[0], 8, 128), q.dtype, device)
+    _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, fp8_rotate=True, out=out,
+                                     return_lse=True, kernel="triton")
+    check(out, lse, ref_out, ref_lse, FP8_TOL)
+    _outliers(q, k)
+    ref_out, _ = reference_on_device(q, k, v, cq, ck, causal=True)
+    errs = {}
+    for rotate in (False, True):
+        out = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, fp8_rotate=rotate, kernel="triton")
+        errs[rotate] = rel_err(out, ref_out)
+    assert errs[True] < errs[False], errs
+
+
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_bf16_bad_values_stay_in_their_sequence(bad, device):
     """bf16 through TMA (sm_90): a key block of sequence 0's last rows reaches into sequence
@@ -207,8 +325,9 @@ def test_bf16_bad_values_stay_in_their_sequence(bad, device):
     assert torch.isfinite(out[bq[0]:bq[1]].float()).all()
 
 
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
 @pytest.mark.parametrize("split", [False, True])
-def test_fp8_bad_values_stay_in_their_sequence(split, device):
+def test_fp8_bad_values_stay_in_their_sequence(split, rotate, device):
     """inf, NaN and 1e30 in one sequence: every other sequence equals its result alone."""
     lens_q, lens_k, heads = [300, 520, 200], [700, 520, 333], 4
     q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, device=device)
@@ -223,7 +342,11 @@ def test_fp8_bad_values_stay_in_their_sequence(split, device):
         if workers:
             plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, tile_q=128, kv_granularity=128,
                                             num_workers=workers)
-        return run_triton(q, k, v, cq, ck, causal=True, fp8=True, plan=plan)
+        out = poisoned((q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device)
+        _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, causal=True, fp8=True, out=out,
+                                         return_lse=True, plan=plan, kernel="triton",
+                                         fp8_rotate=rotate)
+        return out, lse
 
     out, lse = run(q, k, v, cq, ck)
     cqh, ckh = cq.tolist(), ck.tolist()

@@ -14,7 +14,15 @@ import pytest
 import torch
 
 import mla_plugins
-from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_cast, block_quantize, block_scales
+from mla_plugins.core.fp8 import (
+    KV_BLOCK,
+    Q_BLOCK,
+    block_cast,
+    block_quantize,
+    block_scales,
+    rotate,
+    rotation_applies,
+)
 from mla_plugins.core.reference import reference_attention, relative_error
 from tests.core.helpers import FP8_TOL, cu_seqlens, poisoned, random_batch
 
@@ -33,12 +41,12 @@ def _poison(q, k, v, cq, ck):
     v[k0 + 130, 0, 7] = 1e30
 
 
-def _run(kernel, q, k, v, cq, ck, dtype):
+def _run(kernel, q, k, v, cq, ck, dtype, rotate=None):
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=q.shape[1], tile_q=64, kv_granularity=128,
                                     num_workers=1)
     out = poisoned((q.shape[0], q.shape[1], 128), dtype)
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, out=out, return_lse=True,
-                                     plan=plan, kernel=kernel)
+                                     plan=plan, kernel=kernel, fp8_rotate=rotate)
     return out, lse
 
 
@@ -80,19 +88,23 @@ def test_torch_kernel_isolates_sequences():
     _isolation("torch", torch.bfloat16, bitwise=False)
 
 
-def test_block_rule_isolates_sequences():
+@pytest.mark.parametrize("rotated", [False, True])
+def test_block_rule_isolates_sequences(rotated):
     """The fp8 rule's scales and scaled values (before torch's fp8 cast) of sequences 0 and 2
-    are bit for bit those of each run alone, next to a sequence holding inf/NaN/1e30."""
+    are bit for bit those of each run alone, next to a sequence holding inf/NaN/1e30; with
+    `rotated`, q and k rotated and scaled by the l1 bound (v never)."""
     q, k, v, cq, ck = random_batch(LENS_Q, LENS_K, 2)
     _poison(q, k, v, cq, ck)
-    for x, cu, block in ((q, cq.tolist(), Q_BLOCK), (k, ck.tolist(), KV_BLOCK), (v, ck.tolist(), KV_BLOCK)):
-        scale = block_scales(x, cu, FP8, block=block)
-        scaled = block_cast(x, scale, 448.0)
+    for x, cu, block, rot in ((q, cq.tolist(), Q_BLOCK, rotated), (k, ck.tolist(), KV_BLOCK, rotated),
+                              (v, ck.tolist(), KV_BLOCK, False)):
+        scale = block_scales(x, cu, FP8, block=block, rotated=rot)
+        scaled = block_cast(rotate(x) if rot else x, scale, 448.0)
         for b in (0, 2):
             rows = slice(cu[b], cu[b + 1])
-            alone = block_scales(x[rows], [0, cu[b + 1] - cu[b]], FP8, block=block)
+            alone = block_scales(x[rows], [0, cu[b + 1] - cu[b]], FP8, block=block, rotated=rot)
             assert torch.equal(scale[rows], alone), (b, block)
-            assert torch.equal(scaled[rows], block_cast(x[rows], alone, 448.0)), (b, block)
+            xs = rotate(x[rows]) if rot else x[rows]
+            assert torch.equal(scaled[rows], block_cast(xs, alone, 448.0)), (b, block)
         assert not (scale[cu[1] : cu[2], 0] < 1e20).all()  # sequence 1's poison is there to leak
 
 
@@ -130,12 +142,15 @@ def test_block_scales_follow_the_rule(block):
     assert torch.isfinite(q8.float()).all(), "stored fp8 values must stay finite (NaN -> 0)"
 
 
-def test_torch_kernel_matches_fp8_reference():
+@pytest.mark.parametrize("rotation", [None, False, True], ids=["default", "amax", "rotated"])
+def test_torch_kernel_matches_fp8_reference(rotation):
     """The torch kernel and the float64 reference quantize alike: far closer to each other
-    than either is to unquantized attention."""
+    than either is to unquantized attention (`rotate` None: MLA_PLUGINS_FP8_ROTATE's default,
+    on, as fp8.rotation_applies resolves it)."""
     q, k, v, cq, ck = random_batch([1, 200, 257], [129, 700, 513], 4)
-    out, _ = _run("torch", q, k, v, cq, ck, torch.bfloat16)
-    ref8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8)
+    out, _ = _run("torch", q, k, v, cq, ck, torch.bfloat16, rotation)
+    ref8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8,
+                                  fp8_rotate=rotation_applies(192, rotation))
     ref, _ = reference_attention(q, k, v, cq, ck)
     assert relative_error(out, ref8) < 1e-2
     assert relative_error(out, ref) < FP8_TOL

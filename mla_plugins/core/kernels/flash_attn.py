@@ -199,7 +199,8 @@ def _bind_schema(binding: Binding, overload) -> None:
             f"unknown FA3 forward schema ({'; '.join(what)}): {binding.schema}; "
             "mla-plugins does not call it (update mla-plugins, or report the schema)")
         return
-    if len(schema.returns) < 2 and not (len(schema.returns) == 1 and "[]" in str(schema.returns[0].type)):
+    listed = len(schema.returns) == 1 and str(schema.returns[0].type) in ("Tensor[]", "List[Tensor]")
+    if len(schema.returns) < 2 and not listed:  # vLLM's fork returns Tensor[] (torch: List[Tensor])
         binding.reasons.append(f"unknown FA3 forward schema (expected (out, softmax_lse, ...) returned): {binding.schema}")
         return
     binding.positions, binding.template = positions, tuple(template)
@@ -325,14 +326,22 @@ def _call(b: Binding, q, k, v, out, cu_q, cu_k, max_q, max_k, descales, scale, c
 
 def quant_splits(plan: PrefillPlan, heads: int) -> int:
     """Chunks per sequence of the per-(sequence, head) scale pass (a few programs per SM)."""
-    from . import triton_quant as tq
-
-    helper = getattr(tq, "head_splits", None) if tq.triton is not None else None
+    helper = _heads_module()
+    helper = helper.head_splits if helper is not None else None
     lens = [b - a for a, b in zip(plan.cu_seqlens_host[0], plan.cu_seqlens_host[0][1:], strict=False)]
     lens += [b - a for a, b in zip(plan.cu_seqlens_host[1], plan.cu_seqlens_host[1][1:], strict=False)]
     if helper is None:
         return 1
     return helper(max(lens, default=0), plan.batch_size, heads, default_num_workers(plan.device))
+
+
+def _heads_module():
+    """`triton_heads` (the per-(sequence, head) quantization) where Triton imports, else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from . import triton_heads
+
+    return triton_heads if getattr(triton_heads, "triton", None) is not None else None
 
 
 class FlashAttnKernel(Kernel):
@@ -454,10 +463,8 @@ class FlashAttnKernel(Kernel):
         """q8, k8, v8 and descales [3, B, H] into the workspace: the Triton kernel on a GPU
         (`triton_quant.quantize_heads`; its launches recorded on a plan's first call and
         replayed after, as the Triton provider's are), else the torch statement of the rule."""
-        from . import triton_quant as tq
-
-        fn = getattr(tq, "quantize_heads", None) if tq.triton is not None else None
-        if fn is None or inputs.device.type != "cuda" or torch.version.hip:
+        th = _heads_module()
+        if th is None or inputs.device.type != "cuda" or torch.version.hip:
             cq, ck = plan.cu_seqlens_host
             for i, (name, x, cu, rot) in enumerate((
                     ("q8", inputs.q, cq, inputs.fp8_rotate), ("k8", inputs.k, ck, inputs.fp8_rotate),
@@ -474,8 +481,12 @@ class FlashAttnKernel(Kernel):
             memo[1](plan.device.index, {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr()})
             return
 
+        from . import triton_quant as tq
+
+        rotation = tq.rotation_operand(plan.device, q.dtype)  # before recording (module doc)
+
         def launch():
-            fn(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
+            th.quantize_heads(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
                plan.max_seqlen_q, plan.max_seqlen_k, scratch["partials"].shape[0],
                inputs.fp8_dtype, rotate=inputs.fp8_rotate,
                out=(scratch["q8"], scratch["k8"], scratch["v8"], scratch["descales"],
@@ -489,9 +500,10 @@ class FlashAttnKernel(Kernel):
         if not triton_launch.ENABLED:
             launch()
             return
-        triton_launch.wrap_kernels(tq)
-        recorder = triton_launch.Recorder({"q": q, "k": k, "v": v},
-                                          list(scratch.values()) + [plan.cu_seqlens_q, plan.cu_seqlens_k])
+        triton_launch.wrap_kernels(th)
+        recorder = triton_launch.Recorder(
+            {"q": q, "k": k, "v": v},
+            list(scratch.values()) + [plan.cu_seqlens_q, plan.cu_seqlens_k, rotation])
         with recorder:
             launch()
         plan.memo["quant_replay"] = (key, recorder.replay())

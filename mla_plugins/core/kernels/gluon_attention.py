@@ -1,8 +1,8 @@
 """Phase 1 of the fp8 prefill on Hopper, in Gluon: FA3's schedule, the Triton kernel's contract.
 
 Same inputs and outputs as `triton_attention.mla_prefill_kernel` on its fp8 path: the plan's
-work items, k and transposed v in block-scaled fp8 with their scales from
-`triton_quant.quantize_kv`, q cast in the kernel with one scale per 64-row block, lse for
+work items, q, k and transposed v in block-scaled fp8 with their scales from
+`triton_quant.quantize_qkv` (one q scale per 64-row block, read at the block's first row), lse for
 every row, bottom-right causal masking, partial rows for split tiles, the 192 = 128 + 64
 split of the query/key head as two products into the same scores.
 
@@ -13,7 +13,7 @@ warp-specialized partitions (`gl.warp_specialize`):
   stages, one `ready` mbarrier per stage;
 - two consumer warpgroups, one per 64-row q block (the block of core/fp8.py's scaling rule),
   read every stage; each releases it (`empty`, two arrivals) once its P @ V is done. A
-  consumer keeps its q block in shared memory as the wgmma A operand and overlaps the
+  consumer loads its fp8 q block into shared memory (the wgmma A operand) and overlaps the
   softmax of key block j with the P @ V product of block j - 1 (async wgmma: FA3's
   intra-warpgroup pipelining). The two warpgroups synchronize with nothing but the stages;
   `PINGPONG` makes them take turns issuing their products (FA3's inter-warpgroup schedule),
@@ -67,23 +67,6 @@ if gluon is not None:
     DV_G = gl.constexpr(128)
     HALF_G = gl.constexpr(64)
     LN2_G = gl.constexpr(0.6931471805599453)
-
-    @gluon.jit
-    def _imax(a, b):
-        return gl.maximum(a, b)
-
-    @gluon.jit
-    def _nan_amax(x):
-        """max |x| over a 2D tile of bf16/fp16; NaN if any element is NaN (core/fp8.py's
-        rule): an integer max of the sign-cleared bit patterns (triton_quant.abs_bits)."""
-        bits = x.to(gl.int16, bitcast=True) & 0x7FFF
-        return gl.reduce(gl.reduce(bits, 1, _imax), 0, _imax).to(x.dtype, bitcast=True)
-
-    @gluon.jit
-    def _to_fp8(x, inv, FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr):
-        y = x.to(gl.float32) * inv
-        y = gl.where(y != y, 0.0, y)
-        return gl.minimum(gl.maximum(y, -FP8_MAX), FP8_MAX).to(KV_DTYPE)
 
     @gluon.jit
     def _in_v_order(p, BLOCK_N: gl.constexpr):
@@ -185,10 +168,10 @@ if gluon is not None:
 
     @gluon.jit
     def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready,
-                      empty, turn, it0, Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t,
-                      spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start, qo_end, kv_start,
-                      kv_end, kv_offset, loc, head, n_total, causal, has_lse, qk_scale,
-                      FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
+                      empty, turn, it0, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t,
+                      sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
+                      qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
+                      qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
 
@@ -210,8 +193,9 @@ if gluon is not None:
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
 
-        # q block: load bf16, take its scale, cast, park in shared memory (wgmma A operand;
-        # the previous unit's products that read it have completed)
+        # q block: load fp8 (triton_quant.quantize_qkv's q8), park in shared memory (wgmma A
+        # operand; the previous unit's products that read it have completed), and its scale,
+        # at the block's first row (a block past the slice's last row: 1, as an all-zero one)
         r0 = m0 + WG * HALF_G
         rows_l = r0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(1, ld))
         q_ok = (rows_l < qo_end)[:, None]
@@ -220,14 +204,9 @@ if gluon is not None:
                      other=0.0)
         qr = gl.load(q_ptr + NOPE_G + gl.arange(0, ROPE_G, layout=gl.SliceLayout(0, ld))[None, :],
                      mask=q_ok, other=0.0)
-        an = _nan_amax(qn).to(gl.float32)
-        ar = _nan_amax(qr).to(gl.float32)
-        amax = gl.where((an != an) | (ar != ar), float("nan"), gl.maximum(an, ar))
-        s_q = gl.where(amax == 0, 1.0, gl.div_rn(amax, FP8_MAX))
-        # x * (1 / scale), 1 / scale correctly rounded: core/fp8.py's rule, bit for bit
-        inv_q = gl.div_rn(gl.to_tensor(1.0), s_q)
-        q_n_smem.store(_to_fp8(qn, inv_q, FP8_MAX, KV_DTYPE))
-        q_r_smem.store(_to_fp8(qr, inv_q, FP8_MAX, KV_DTYPE))
+        s_q = gl.load(QScales + r0.to(gl.int64) * sqs_t + head, mask=r0 < qo_end, other=1.0)
+        q_n_smem.store(qn)
+        q_r_smem.store(qr)
         fence_async_shared()
         scale = qk_scale * s_q
 
@@ -326,9 +305,9 @@ if gluon is not None:
     @gluon.jit
     def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty,
                   turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc, order,
-                  Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
-                  PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
-                  FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
+                  Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t,
+                  spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
+                  KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
@@ -339,10 +318,10 @@ if gluon is not None:
                             BLOCK_M, BLOCK_N, PERSISTENT)
             if valid:
                 _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn, it,
-                              Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
-                              PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end, kv_start,
-                              kv_end, kv_offset, loc, head, n_total, causal, has_lse, qk_scale,
-                              FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG)
+                              Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
+                              spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
+                              kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
+                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG)
             it += n_total
 
     @gluon.jit
@@ -376,10 +355,10 @@ if gluon is not None:
                                   "num_tiles", "num_sub", "heads_pc", "causal", "has_lse",
                                   "order"])
     def mla_prefill_fp8_kernel(
-        Q, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales,
-        sq_t, sq_h, vt_stride, ss_w, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
+        Q, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
+        sq_t, sq_h, vt_stride, ss_w, sqs_t, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse, order,
-        FP8_MAX: gl.constexpr, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
+        KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr,
@@ -390,6 +369,8 @@ if gluon is not None:
         consumer). `order`: one CTA per unit, 0 takes each head's slices in plan order and 1
         last to first; PERSISTENT, the heads per L2 group (`_unit`), at least 1.
 
+        Q: q8 [Tq, H, 192] fp8 (strides sq_t, sq_h), QScales: its scales [Tq, H] (row stride
+        sqs_t), both from `triton_quant.quantize_qkv`.
         Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128 and BLOCK_N = 128, tiles
         start at multiples of 64 rows and work items at multiples of 128 keys from their
         sequence's start, v columns of a sequence start 16-aligned (triton_quant).
@@ -415,14 +396,14 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
-                         order, Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
-                         PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
-                         FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
+                         order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
+                         spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
+                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
-                         order, Q, sq_t, sq_h, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t, spo_h,
-                         PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
-                         FP8_MAX, KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
+                         order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
+                         spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
+                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
             (_producer, (KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
                          vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
                          BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT)),

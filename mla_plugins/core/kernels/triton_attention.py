@@ -11,9 +11,10 @@ of the work), then the blocks on the causal diagonal / at `kv_end`, masked. A ro
 sees no key keeps `l = 0` and ends with out 0 and lse -inf; the max used for the
 exponent is 0 for such rows so nothing computes `-inf - -inf`.
 
-fp8 (core/fp8.py's block rule): q is loaded in bf16/fp16 and cast in the kernel with the
-scale of the 64-row block it loads; k, v come from `triton_quant.quantize_kv` (v
-transposed), their scales per 128-key block from its scales buffer. P is cast to fp8 for the P @ V product with its exponent shifted
+fp8 (core/fp8.py's block rule): q, k and v come quantized from `triton_quant.quantize_qkv`
+(q8 and the scale of each 64-row q block at each of its rows, read at the slice's first row;
+k8, v transposed, their scales per 128-key block; q and k rotated or not, which the
+attention does not need to know: q R (k R)^T = q k^T). P is cast to fp8 for the P @ V product with its exponent shifted
 by +8 (`P_SHIFT`, values up to 256 instead of 1), which keeps small probabilities out
 of the fp8 subnormal range at no cost (the shift cancels in out = acc / l and is taken
 off the lse).
@@ -52,17 +53,7 @@ def arch_config(arch: str, fp8: bool) -> tuple[int, int, int, int]:
     return ARCH_CONFIGS.get(arch, ARCH_CONFIGS["cuda"])[fp8]
 
 if triton is not None:
-    from .triton_quant import (
-        DV_C,
-        NOPE_C,
-        ROPE_C,
-        SCALE_BLOCK_C,
-        in_v_order,
-        max_nan,
-        nan_aware_amax,
-        reciprocal,
-        scale_from_amax,
-    )
+    from .triton_quant import DV_C, NOPE_C, ROPE_C, SCALE_BLOCK_C, in_v_order
 
     LN2_C = tl.constexpr(LN2)
 
@@ -194,18 +185,20 @@ if triton is not None:
     @triton.jit(do_not_specialize=["ss_w", "sl_t", "sl_h", "spl_t", "spl_h", "num_sub", "causal",
                                    "has_lse"])
     def mla_prefill_kernel(
-        Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Scales,
-        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w,
+        Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, sqs_t,
         so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_sub, causal, has_lse,
-        FP8: tl.constexpr, FP8_MAX: tl.constexpr, KV_DTYPE: tl.constexpr, P_SHIFT: tl.constexpr,
+        FP8: tl.constexpr, P_SHIFT: tl.constexpr,
         USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, V_PERM: tl.constexpr,
     ):
         """Grid: (num_items * num_sub, heads per cluster).
 
-        fp8: BLOCK_M is the 64-row query block of core/fp8.py and the host guarantees that
-        tiles start at multiples of it from the sequence start; key blocks step from
+        fp8: Q is q8 and QScales [Tq, H] (row stride sqs_t) the q scales of
+        `triton_quant.quantize_qkv`; BLOCK_M is the 64-row query block of core/fp8.py and
+        the host guarantees that tiles start at multiples of it from the sequence start (so
+        the slice's first row m0 holds its block's scale); key blocks step from
         `kv_start` (a multiple of 128 keys, the k/v scale block, from the sequence start)
         by BLOCK_N dividing 128.
         """
@@ -230,18 +223,7 @@ if triton is not None:
             q_nope = tl.load(q_ptr + tl.arange(0, NOPE_C)[None, :], mask=row_ok[:, None], other=0.0)
             q_rope = tl.load(q_ptr + NOPE_C + tl.arange(0, ROPE_C)[None, :], mask=row_ok[:, None], other=0.0)
             if FP8:
-                # the amax in the input dtype (exact: a max of bf16/fp16 values is one of them)
-                s_q = scale_from_amax(max_nan(nan_aware_amax(q_nope), nan_aware_amax(q_rope)).to(tl.float32),
-                                      FP8_MAX)
-                qn = q_nope.to(tl.float32)
-                qr = q_rope.to(tl.float32)
-                # x * (1 / scale), 1 / scale correctly rounded: core/fp8.py's rule, bit for bit
-                inv_q = reciprocal(s_q)
-                qn = qn * inv_q
-                qr = qr * inv_q
-                q_nope = tl.clamp(tl.where(qn != qn, 0.0, qn), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
-                q_rope = tl.clamp(tl.where(qr != qr, 0.0, qr), -FP8_MAX, FP8_MAX).to(KV_DTYPE)
-                scale = qk_scale * s_q
+                scale = qk_scale * tl.load(QScales + m0.to(tl.int64) * sqs_t + head)
             else:
                 scale = qk_scale
 

@@ -2,7 +2,8 @@
 
 Written for CUDA (measured on an H200, sm_90) and ROCm (gfx942 with e4m3fnuz, gfx950;
 written for, not run here). Three pieces, each in its own module:
-- `triton_quant`: the fused amax + cast of the dynamic per-tensor FP8 scales;
+- `triton_quant`: the block-scaled FP8 quantization of q, k and v (core/fp8.py's rule, with
+  its rotation of q and k), one launch;
 - `triton_attention`: phase 1 over the plan's work items;
 - `triton_reduce`: phase 2, the merge of split tiles.
 
@@ -216,13 +217,13 @@ def run_prefill(
     partial_out: torch.Tensor,
     partial_lse: torch.Tensor,
     config: TileConfig | None = None,
-    quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    quantized: tuple[torch.Tensor, ...] | None = None,
 ) -> None:
     """Phase 1 (with the fp8 quantization first when `inputs.fp8`).
 
-    `quantized` = (k8, vt8, scales) from `triton_quant.quantize_kv` skips the quantization
-    (benchmarks time the attention alone with it); `config` overrides the default tile
-    configuration.
+    `quantized` = (q8, q scales, k8, vt8, scales) from `triton_quant.quantize_qkv` (rotated
+    as `inputs.fp8_rotate` says) skips the quantization (benchmarks time the attention alone
+    with it); `config` overrides the default tile configuration.
     """
     from . import triton_attention as ta
     from . import triton_quant as tq
@@ -244,18 +245,18 @@ def run_prefill(
         if _FP8_STORAGE is not None and _interpreting():
             storage = _FP8_STORAGE  # the interpreter has no fp8: same logic, fp16 storage
         if quantized is None:
-            cu_k = inputs.cu_seqlens_k
-            k8, vt8, scales = tq.quantize_kv(k, v, cu_k, batch, plan.max_seqlen_k, storage, fp8_max)
-        else:
-            k8, vt8, scales = quantized
+            quantized = tq.quantize_qkv(
+                q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, batch, plan.max_seqlen_q,
+                plan.max_seqlen_k, storage, fp8_max, rotate=inputs.fp8_rotate)
+        q_src, q_scales, k8, vt8, scales = quantized
         k_src, v_src = k8, vt8
         kv_dtype = _tl_fp8(storage)
         p_shift = 8.0
         vt_cols = tq.vt_columns(k.shape[0], batch)
     else:
-        scales = torch.empty(0, device=device)
-        k_src, v_src = k, v
-        fp8_max, kv_dtype, p_shift = 448.0, None, 0.0
+        scales = q_scales = torch.empty(0, device=device)
+        q_src, k_src, v_src = q, k, v
+        kv_dtype, p_shift = None, 0.0
     if use_tma and not inputs.fp8 and not (_tma_ok(k, tq.NOPE + tq.ROPE) and _tma_ok(v, tq.DV)):
         use_tma = False
     if inputs.k.shape[0] == 0:
@@ -264,8 +265,8 @@ def run_prefill(
         # the Gluon kernel loads k/v only through TMA; the Triton kernel covers the rest
         config = FP8_CONFIG
     if config.gluon:
-        _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k_src, v_src,
-                      scales, vt_cols, fp8_max, kv_dtype, p_shift)
+        _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q_src, q_scales,
+                      k_src, v_src, scales, vt_cols, kv_dtype, p_shift)
         return
 
     bn = config.block_n
@@ -295,22 +296,25 @@ def run_prefill(
         sv_t, sv_h = 0, 0
     else:
         sv_t, sv_h = v.stride(0), v.stride(1)
+    sqs_t = q_scales.stride(0) if inputs.fp8 else 0
     ta.mla_prefill_kernel[grid](
-        q, k_arg, kr_arg, v_arg, out, lse_arg, partial_out, partial_lse, plan.work_info, scales,
-        q.stride(0), q.stride(1), k_src.stride(0), k_src.stride(1), sv_t, sv_h, vt_stride, ss_w,
+        q_src, k_arg, kr_arg, v_arg, out, lse_arg, partial_out, partial_lse, plan.work_info, scales,
+        q_scales, q_src.stride(0), q_src.stride(1), k_src.stride(0), k_src.stride(1), sv_t, sv_h,
+        vt_stride, ss_w, sqs_t,
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_sub, int(plan.causal), int(lse is not None),
-        FP8=inputs.fp8, FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift,
+        FP8=inputs.fp8, P_SHIFT=p_shift,
         USE_TMA=use_tma, V_TMA=use_tma, WARP_SPEC=config.warp_spec,
         BLOCK_M=config.block_m, BLOCK_N=bn, V_PERM=inputs.fp8 and tq.permuted_v(device),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
 
-def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k8, vt8, scales,
-                  vt_cols, fp8_max, kv_dtype, p_shift) -> None:
-    """Phase 1 through `gluon_attention.mla_prefill_fp8_kernel` (k8, vt8: quantize_kv's)."""
+def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q8, q_scales, k8, vt8,
+                  scales, vt_cols, kv_dtype, p_shift) -> None:
+    """Phase 1 through `gluon_attention.mla_prefill_fp8_kernel` (q8, q_scales, k8, vt8:
+    quantize_qkv's)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import gluon_attention as ga
@@ -319,7 +323,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k8, 
 
     heads, bn = inputs.num_heads, config.block_n
     kn_l, kr_l, vt_l = _gluon_layouts(bn, kv_dtype)
-    total_k, q = k8.shape[0], inputs.q
+    total_k, q = k8.shape[0], q8
     kd = TensorDescriptor(k8, [total_k, heads * 192], [k8.stride(0), 1], [bn, tq.NOPE], kn_l)
     krd = TensorDescriptor(k8, [total_k, heads * 192], [k8.stride(0), 1], [bn, tq.ROPE], kr_l)
     vd = TensorDescriptor(vt8, [heads * tq.DV, vt_cols], [vt8.stride(0), 1], [tq.DV, bn], vt_l)
@@ -332,13 +336,13 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, k8, 
             else num_units,)
     lse_arg = lse if lse is not None else partial_lse
     ga.mla_prefill_fp8_kernel[grid](
-        q, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales,
-        q.stride(0), q.stride(1), vt8.stride(0), scales.stride(0),
+        q, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
+        q.stride(0), q.stride(1), vt8.stride(0), scales.stride(0), q_scales.stride(0),
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_units, num_tiles, num_sub, heads_pc, int(plan.causal),
         int(lse is not None), _gluon_order(config, plan, heads_pc, q.device),
-        FP8_MAX=fp8_max, KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
+        KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
         num_warps=ga.NUM_WARPS,
@@ -489,8 +493,8 @@ class TritonKernel(Kernel):
 
     def workspace_layout(self, plan: PrefillPlan, *, fp8: bool, num_heads: int, head_dim_v: int,
                          fp8_dtype: torch.dtype) -> list:
-        """The partial buffers, and in fp8 the quantized k, transposed v and their scales
-        (`triton_quant.quantize_kv`'s shapes), so a call with a plan allocates none of them."""
+        """The partial buffers, and in fp8 the quantized q, k, transposed v and their scales
+        (`triton_quant.quantize_qkv`'s shapes), so a call with a plan allocates none of them."""
         layout = super().workspace_layout(plan, fp8=fp8, num_heads=num_heads,
                                           head_dim_v=head_dim_v, fp8_dtype=fp8_dtype)
         if fp8 and _quantize_into_supported():
@@ -499,6 +503,8 @@ class TritonKernel(Kernel):
             storage = _storage_dtype(fp8_dtype)
             t_pad = tq.vt_padded_len(plan.total_k, plan.batch_size)
             layout += [
+                ("q8", (plan.total_q, num_heads, tq.NOPE + tq.ROPE), storage),
+                ("q_scales", (plan.total_q, num_heads), torch.float32),
                 ("k8", (plan.total_k, num_heads, tq.NOPE + tq.ROPE), storage),
                 ("vt8", (num_heads * tq.DV, t_pad), storage),
                 ("scales", (2, num_heads, t_pad // 16), torch.float32),
@@ -534,7 +540,7 @@ class TritonKernel(Kernel):
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         lp = 0 if lse is None else lse.data_ptr()
         key = (
-            inputs.fp8, q.dtype, inputs.softmax_scale, token,
+            inputs.fp8, inputs.fp8_rotate, q.dtype, inputs.softmax_scale, token,
             q.stride(), k.stride(), v.stride(), out.stride(), None if lse is None else lse.stride(),
             qp % 16, kp % 16, vp % 16, op % 16, lp % 16,
         )
@@ -554,7 +560,13 @@ class TritonKernel(Kernel):
                 self._run_ordinary(inputs, plan, out, lse, scratch)
                 return
             _ensure_wrapped()
-            buffers = [t for t in scratch.values()] + [plan.work_info, plan.cu_seqlens_k]
+            buffers = [t for t in scratch.values()] + [plan.work_info, plan.cu_seqlens_q,
+                                                        plan.cu_seqlens_k]
+            if inputs.fp8 and inputs.fp8_rotate:
+                from . import triton_quant as tq
+
+                # made (copied to the device) before recording, kept for the process's life
+                buffers.append(tq.rotation_operand(device, q.dtype))
             recorder = tl_launch.Recorder({"q": q, "k": k, "v": v, "out": out, "lse": lse}, buffers)
             with recorder:
                 self._run_ordinary(inputs, plan, out, lse, scratch)
@@ -566,10 +578,13 @@ class TritonKernel(Kernel):
 
         quantized = None
         if inputs.fp8 and "k8" in scratch and _quantize_into_supported():
-            quantized = tq.quantize_kv(
-                inputs.k, inputs.v, plan.cu_seqlens_k, plan.batch_size, plan.max_seqlen_k,
+            quantized = tq.quantize_qkv(
+                inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k,
+                plan.batch_size, plan.max_seqlen_q, plan.max_seqlen_k,
                 _storage_dtype(inputs.fp8_dtype), float(torch.finfo(inputs.fp8_dtype).max),
-                out=(scratch["k8"], scratch["vt8"], scratch["scales"]),
+                out=(scratch["q8"], scratch["q_scales"], scratch["k8"], scratch["vt8"],
+                     scratch["scales"]),
+                rotate=inputs.fp8_rotate,
             )
         partial_out, partial_lse = scratch["partial_out"], scratch["partial_lse"]
         run_prefill(inputs, plan, out, lse, partial_out, partial_lse, quantized=quantized)
@@ -634,7 +649,7 @@ def _storage_dtype(fp8_dtype: torch.dtype) -> torch.dtype:
 def _quantize_into_supported() -> bool:
     from . import triton_quant as tq
 
-    fn = getattr(tq, "quantize_kv", None)
+    fn = getattr(tq, "quantize_qkv", None)
     return fn is not None and "out" in inspect.signature(fn).parameters
 
 

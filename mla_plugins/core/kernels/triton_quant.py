@@ -1,18 +1,35 @@
-"""Block-scaled FP8 quantization of k and v in one pass (`core/fp8.py`'s block rule).
+"""Block-scaled FP8 quantization of q, k and v in one launch (`core/fp8.py`'s block rule).
 
 One program per (128-key block of a sequence, sequence, head; or a few heads in turn) loads
-its bf16 k [128, 192] and v [128, 128] once, takes the NaN-aware amax in registers and
-writes the fp8 values and the two scales: one read of bf16, one write of fp8, no separate
-amax pass over the tensors. Its instructions per element, not its bytes, kept it at half the
-copy bandwidth (~33 SASS instructions per element with an IEEE division each: 2.1 TB/s
-against 4.2 on the H200), so the amax is an integer max of bit patterns (`abs_bits`) and the
-cast a multiply by the correctly rounded reciprocal (~14 per element). v is transposed in
-registers and stored as [128, 128] tiles whose rows (128 tokens) start at 16-aligned
-columns, in 16-byte vectors. q is quantized inside the attention kernel (one scale per
-64-row query block and head, from the tile it loads anyway), so q is never written.
+its bf16 k [128, 192] and v [128, 128], takes the NaN-aware amax in registers and writes the
+fp8 values and the two scales; one program per (64-row q block, sequence, head) does the
+same for q with its own scale. The grid's first axis holds the key blocks of the longest
+sequence, then the q blocks of the longest query sequence: one launch for the three
+tensors (a serving call is replayed launch by launch, ~3-5 us of host time each). Its
+instructions per element, not its bytes, kept the k/v part at half the copy bandwidth
+(~33 SASS instructions per element with an IEEE division each: 2.1 TB/s against 4.2 on the
+H200), so the amax is an integer max of bit patterns (`abs_bits`) and the cast a multiply
+by the correctly rounded reciprocal (~14 per element). v is transposed in registers and
+stored as [128, 128] tiles whose rows (128 tokens) start at 16-aligned columns, in 16-byte
+vectors.
+
+Rotation (`ROTATE`, core/fp8.py): q and k are multiplied by the ±1 matrix M
+(`fp8.rotation_pm1`, a [192, 192] device tensor in the input dtype, `rotation_operand`) on
+the tensor cores, four products per row block for the 128 + 64 split of the head (nope
+and rope rows of M into nope and rope columns, float32 accumulation), then scaled by
+ROTATION_SCALE / scale. The scale of a block is its `l1_bound` (the largest sum_j |x_j| of
+its rows, in float32, times ROTATION_SCALE), known from the unrotated input, so the scale
+comes before the product as in the amax rule. v is never rotated. The two products that
+add into one output are scaled and added (y = (xn @ M_n.) c + (xr @ M_r.) c, an FMUL and an
+FFMA per element, the FMUL the amax rule's cast does anyway) instead of chained through
+the accumulator: Triton puts every warp of a chained product along its rows, so a 64-row
+product at 16 warps would be computed four times over (seen in the ttgir).
 
 Layouts written:
-- k8 [T, H, 192]: the rows of k;
+- q8 [Tq, H, 192]: the rows of q (rotated with ROTATE); q scales [Tq, H] float32: the
+  scale of each row's 64-row block, written at every row of the block (fp8.block_scales'
+  layout), so the attention reads the scale of its tile's block at the tile's first row;
+- k8 [T, H, 192]: the rows of k (rotated with ROTATE);
 - vt8 [H * 128, T_pad], v transposed (fp8 tensor-core products on Hopper read their second
   operand K-major, so P @ V wants tokens contiguous). Token t of sequence b sits in column
   `t - ck[b] % 16 + 16 * b` (`vt_column`; within its 16-group reordered by `column_of_key`
@@ -34,14 +51,16 @@ both P and V gives the same product. On ROCm the order is the natural one.
 Stored fp8 values are always finite (NaN -> 0, see core/fp8.py): a masked read of a
 neighbour's values multiplies zeros; a block's NaN/inf travels in its scale.
 
-This module imports triton when it is imported; the provider imports it lazily.
+The per-(sequence, head) rule of the FlashAttention-3 provider is `triton_heads`, built
+from this module's helpers. This module imports triton when it is imported; the provider
+imports it lazily.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..fp8 import KV_BLOCK
+from ..fp8 import KV_BLOCK, Q_BLOCK, ROTATION_DIM, ROTATION_SCALE, rotation_pm1
 
 try:
     import triton
@@ -51,15 +70,25 @@ except ImportError:  # pragma: no cover - the provider reports "triton is not in
 
 #: nope + rope widths of the query/key head and the value head width this kernel handles
 NOPE, ROPE, DV = 128, 64, 128
-#: keys per k/v scale block (core/fp8.py's KV_BLOCK)
+#: keys per k/v scale block (core/fp8.py's KV_BLOCK), rows per q scale block (Q_BLOCK)
 SCALE_BLOCK = KV_BLOCK
-#: warps every quantization kernel launches with
+QBLOCK = Q_BLOCK
+#: warps the quantization kernels launch with (`quant_warps`): 16; 8 for the rotated
+#: variant on ROCm, whose products read both operands from registers (16 waves of 64 lanes
+#: leave 128 VGPRs a lane: the rotated kernel spilled ~400 there; 8: 248 / 232, no spill)
 NUM_WARPS = 16
+NUM_WARPS_ROTATED_ROCM = 8
 #: heads one quantization program handles in turn (the largest divisor of H up to this);
 #: with 4 warps or 2 heads the sm_90 build spills when strides are not known 16-divisible
 HEADS_PER_PROGRAM = 1
-#: sweeps over halves of a key block (1: the block held at once; see _quant_kv_kernel)
+#: sweeps over halves of a key block (1: the block held at once; see _kv_block)
 PARTS = 2
+#: 64-row q blocks one program quantizes in turn; with ROTATE each program first fills
+#: shared memory with M (72 KB from L2), which more blocks per program amortize
+Q_BLOCKS = 1
+Q_BLOCKS_ROTATED = 2
+
+assert NOPE + ROPE == ROTATION_DIM
 
 if triton is not None:
 
@@ -67,6 +96,8 @@ if triton is not None:
     ROPE_C = tl.constexpr(ROPE)
     DV_C = tl.constexpr(DV)
     SCALE_BLOCK_C = tl.constexpr(SCALE_BLOCK)
+    QBLOCK_C = tl.constexpr(QBLOCK)
+    ROTATION_SCALE_C = tl.constexpr(ROTATION_SCALE)
 
     @triton.jit
     def max_nan(a, b):
@@ -106,12 +137,95 @@ if triton is not None:
         return tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
 
     @triton.jit
+    def finish_fp8(y, FP8_MAX: tl.constexpr, out_ty: tl.constexpr):
+        """float32 scaled values: NaN -> 0, clamped, cast (core/fp8.py's block_cast)."""
+        y = tl.where(y != y, 0.0, y)
+        return tl.clamp(y, -FP8_MAX, FP8_MAX).to(out_ty)
+
+    @triton.jit
     def to_fp8(x, inv, FP8_MAX: tl.constexpr, out_ty: tl.constexpr):
         """x * (1 / scale), NaN -> 0, clamped, cast (core/fp8.py): a multiply per element,
         not a division (an IEEE division is ~10 instructions, most of this kernel's work)."""
-        y = x.to(tl.float32) * inv
-        y = tl.where(y != y, 0.0, y)
-        return tl.clamp(y, -FP8_MAX, FP8_MAX).to(out_ty)
+        return finish_fp8(x.to(tl.float32) * inv, FP8_MAX, out_ty)
+
+    @triton.jit
+    def l1_bits(xn, xr):
+        """int32 [rows]: each row's sum_j |x_j| over its 192 features (the nope [rows, 128]
+        and rope [rows, 64] tiles), float32, as its bit pattern with the sign cleared: the
+        patterns of non-negative floats order as the values do with NaN above inf, so an
+        integer max over rows propagates NaN (core/fp8.py's l1_bound before the scaling)."""
+        # the two row sums added as [rows, 1] columns: added as [rows] vectors, Triton moves
+        # the layout conversion between the tiles' row vectors onto the nope tile itself
+        s = tl.sum(tl.abs(xn.to(tl.float32)), 1, keep_dims=True) + tl.sum(
+            tl.abs(xr.to(tl.float32)), 1, keep_dims=True)
+        return tl.sum(s, 1).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+    @triton.jit
+    def bound_scale(bits, FP8_MAX: tl.constexpr):
+        """The scale of a rotated block from the int32 max of its rows' `l1_bits`: the
+        l1 bound (sum * ROTATION_SCALE) / fp8 max; 1 for an all-zero block, NaN/inf stay.
+        (max_r(sum_r) * c rounds as max_r(sum_r * c) does: rounding is monotone.)"""
+        return scale_from_amax(bits.to(tl.float32, bitcast=True) * ROTATION_SCALE_C, FP8_MAX)
+
+    @triton.jit
+    def load_rotation(Rot):
+        """M (`fp8.rotation_pm1`, [192, 192] row-major, the inputs' dtype) as the four blocks
+        of the 128 + 64 split: rows nope/rope (input features) x columns nope/rope (rotated
+        features): nn [128, 128], rn [64, 128], nr [128, 64], rr [64, 64]."""
+        cn = tl.arange(0, NOPE_C)
+        cr = tl.arange(0, ROPE_C)
+        w: tl.constexpr = NOPE_C + ROPE_C
+        m_nn = tl.load(Rot + cn[:, None] * w + cn[None, :])
+        m_rn = tl.load(Rot + (cr + NOPE_C)[:, None] * w + cn[None, :])
+        m_nr = tl.load(Rot + cn[:, None] * w + NOPE_C + cr[None, :])
+        m_rr = tl.load(Rot + (cr + NOPE_C)[:, None] * w + NOPE_C + cr[None, :])
+        return m_nn, m_rn, m_nr, m_rr
+
+    @triton.jit
+    def rotate_to_fp8(xn, xr, c, m_nn, m_rn, m_nr, m_rr, FP8_MAX: tl.constexpr,
+                      out_ty: tl.constexpr):
+        """(x @ M) * c for rows x = [xn | xr] (input dtype), c = ROTATION_SCALE / scale,
+        NaN -> 0, clamped, cast: ([rows, 128], [rows, 64]) in `out_ty`. Tensor-core products
+        with float32 accumulation; each output's two products scaled and added (module doc:
+        chaining them through the accumulator replicates the product over warps)."""
+        yn = tl.dot(xn, m_nn) * c + tl.dot(xr, m_rn) * c
+        yr = tl.dot(xn, m_nr) * c + tl.dot(xr, m_rr) * c
+        return finish_fp8(yn, FP8_MAX, out_ty), finish_fp8(yr, FP8_MAX, out_ty)
+
+    @triton.jit
+    def qk_scale(xn, xr, FP8_MAX: tl.constexpr, ROTATE: tl.constexpr):
+        """The scale of one block of q or k rows (nope [rows, 128], rope [rows, 64], input
+        dtype; rows past the block's end loaded as zeros): the l1 bound with ROTATE, else
+        the amax (in the input dtype: exact, a max of bf16/fp16 values is one of them)."""
+        if ROTATE:
+            s = bound_scale(tl.reduce(l1_bits(xn, xr), 0, _imax), FP8_MAX)
+        else:
+            s = scale_from_amax(max_nan(nan_aware_amax(xn), nan_aware_amax(xr)).to(tl.float32),
+                                FP8_MAX)
+        return s
+
+    @triton.jit
+    def qk_cast(xn, xr, s, FP8_MAX: tl.constexpr, out_ty: tl.constexpr, ROTATE: tl.constexpr,
+                m_nn, m_rn, m_nr, m_rr):
+        """Rows of q or k cast with their block's scale `s`: (fp8 nope, fp8 rope), x @ M
+        with ROTATE (M's blocks from `load_rotation`), else x itself."""
+        if ROTATE:
+            yn, yr = rotate_to_fp8(xn, xr, reciprocal(s) * ROTATION_SCALE_C, m_nn, m_rn, m_nr,
+                                   m_rr, FP8_MAX, out_ty)
+        else:
+            inv = reciprocal(s)
+            yn = to_fp8(xn, inv, FP8_MAX, out_ty)
+            yr = to_fp8(xr, inv, FP8_MAX, out_ty)
+        return yn, yr
+
+    @triton.jit
+    def qk_to_fp8(xn, xr, FP8_MAX: tl.constexpr, out_ty: tl.constexpr, ROTATE: tl.constexpr,
+                  m_nn, m_rn, m_nr, m_rr):
+        """One block of q or k rows under the block rule: (fp8 nope, fp8 rope, float32
+        scale), `qk_scale` then `qk_cast`."""
+        s = qk_scale(xn, xr, FP8_MAX, ROTATE)
+        yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr, m_rr)
+        return yn, yr, s
 
     @triton.jit
     def key_of_column(c):
@@ -129,40 +243,61 @@ if triton is not None:
         return tl.reshape(tl.permute(p6, (0, 1, 3, 4, 2, 5)), [rows, BLOCK_N])
 
     @triton.jit
-    def _load_k_rows(src, k_off, ok):
-        """k rows of one head (nope, rope) in the input dtype: [rows, 128], [rows, 64]."""
+    def load_rows(src, k_off, ok):
+        """q or k rows of one head (nope, rope) in the input dtype: [rows, 128], [rows, 64];
+        `k_off` the rows' offsets [rows, 1], `ok` [rows, 1] (masked rows read as zeros)."""
         kn = tl.load(src + k_off + tl.arange(0, NOPE_C)[None, :], mask=ok, other=0.0)
         kr = tl.load(src + NOPE_C + k_off + tl.arange(0, ROPE_C)[None, :], mask=ok, other=0.0)
         return kn, kr
 
-    # ss_w (the scale rows' length) follows the batch: not specialized, one variant per model
-    @triton.jit(do_not_specialize=["ss_w"])
-    def _quant_kv_kernel(
-        K, V, K8, VT8, Scales, CuK,
-        sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
+    @triton.jit
+    def store_rows(dst, off, ok, yn, yr):
+        """The fp8 nope and rope parts of rows of one head at dst + off ([rows, 1] offsets)."""
+        tl.store(dst + off + tl.arange(0, NOPE_C)[None, :], yn, mask=ok)
+        tl.store(dst + NOPE_C + off + tl.arange(0, ROPE_C)[None, :], yr, mask=ok)
+
+    @triton.jit
+    def _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv, n_rows, n_cols,
+                   sk_t, sv_t, heads, inv_k, inv_v, m_nn, m_rn, m_nr, m_rr,
+                   FP8_MAX: tl.constexpr, out_ty: tl.constexpr, SUB: tl.constexpr,
+                   ROTATE: tl.constexpr):
+        """Sweep 2 of `_kv_block` over part p (rows p * SUB ... of the block): k8 rows and the
+        transposed v tile. n_rows: the block's rows in the sequence; n_cols: vt8 columns up
+        to the next sequence's first."""
+        ok = (t < n_rows - p * SUB)[:, None]
+        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
+        if ROTATE:
+            yn, yr = rotate_to_fp8(kn, kr, inv_k, m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty)
+        else:
+            yn = to_fp8(kn, inv_k, FP8_MAX, out_ty)
+            yr = to_fp8(kr, inv_k, FP8_MAX, out_ty)
+        store_rows(dst + p * SUB * heads * (NOPE_C + ROPE_C), k8_off, ok, yn, yr)
+        ok_v = (tv < n_rows - p * SUB)[:, None]
+        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok_v, other=0.0)
+        tl.store(vrow + p * SUB + vt_off, tl.trans(to_fp8(x, inv_v, FP8_MAX, out_ty)),
+                 mask=(t + p * SUB < n_cols)[None, :])
+
+    @triton.jit
+    def _kv_block(
+        j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
-        PERMUTED: tl.constexpr,
+        PERMUTED: tl.constexpr, ROTATE: tl.constexpr,
     ):
-        """Grid (key blocks of the longest sequence, sequences, heads / HEADS_PER_PROGRAM).
+        """Key block j of sequence b, heads g * HEADS_PER_PROGRAM ...: k8, vt8 and the scales.
 
         PERMUTED: vt8's columns in `key_of_column` order (the v rows are loaded in that
         order, so the transposed store stays contiguous).
 
         PARTS = 1: the block's rows are loaded once, held, cast. PARTS = 2: two sweeps over
-        halves of the block, the first for the amax, the second (from L2) to cast, so a
-        program holds half the rows (fewer registers, more programs per SM).
+        halves of the block, the first for the amax (ROTATE: k's l1 bound), the second (from
+        L2) to cast, so a program holds half the rows (fewer registers, more programs per SM).
         """
-        j = tl.program_id(0)
-        b = tl.program_id(1)
-        g = tl.program_id(2)
         k0 = tl.load(CuK + b)
         k1 = tl.load(CuK + b + 1)
         r0 = k0 + j * SCALE_BLOCK_C
         if (r0 < k1) | ((j == 0) & (k0 == k1)):
             out_ty = K8.dtype.element_ty
             SUB: tl.constexpr = SCALE_BLOCK_C // PARTS
-            c_nope = tl.arange(0, NOPE_C)
-            c_rope = tl.arange(0, ROPE_C)
             c_v = tl.arange(0, DV_C)
             t = tl.arange(0, SUB)
             # the v row each column of the transposed tile takes
@@ -188,17 +323,16 @@ if triton is not None:
                 # values stay in the input dtype until the cast: the amax is exact there (a
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
+                    if ROTATE:
+                        m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+                    else:
+                        m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
                     ok = (t < k1 - r0)[:, None]
-                    kn, kr = _load_k_rows(src, k_off, ok)
+                    kn, kr = load_rows(src, k_off, ok)
                     x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
-                    s_k = scale_from_amax(
-                        max_nan(nan_aware_amax(kn), nan_aware_amax(kr)).to(tl.float32), FP8_MAX)
+                    yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr, m_rr)
                     s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
-                    inv_k = reciprocal(s_k)
-                    tl.store(dst + k8_off + c_nope[None, :], to_fp8(kn, inv_k, FP8_MAX, out_ty),
-                             mask=ok)
-                    tl.store(dst + NOPE_C + k8_off + c_rope[None, :],
-                             to_fp8(kr, inv_k, FP8_MAX, out_ty), mask=ok)
+                    store_rows(dst, k8_off, ok, yn, yr)
                     # v transposed in registers: [128 features, SUB tokens], tokens contiguous;
                     # columns past the sequence's end get the masked loads' zeros (the gap up
                     # to the next sequence's first column); the next sequence's are left alone
@@ -207,41 +341,59 @@ if triton is not None:
                 else:
                     # sweep 1: each part's per-row maxima (within a warp: no barrier between
                     # the parts' loads), merged row by row, then one reduction per tile
+                    # (ROTATE: each row's l1 sum, merged by max over the parts' rows)
                     ok = (t < k1 - r0)[:, None]
-                    kn, kr = _load_k_rows(src, k_off, ok)
-                    m_kn = tl.reduce(abs_bits(kn), 1, _imax)
-                    m_kr = tl.reduce(abs_bits(kr), 1, _imax)
+                    kn, kr = load_rows(src, k_off, ok)
+                    if ROTATE:
+                        m_kb = tl.reduce(l1_bits(kn, kr), 0, _imax)
+                        m_kn, m_kr = 0, 0
+                    else:
+                        m_kn = tl.reduce(abs_bits(kn), 1, _imax)
+                        m_kr = tl.reduce(abs_bits(kr), 1, _imax)
+                        m_kb = 0
                     ok_v = (tv < k1 - r0)[:, None]
                     m_v = tl.reduce(abs_bits(tl.load(vsrc + v_off, mask=ok_v, other=0.0)), 1, _imax)
                     for p in tl.static_range(1, PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
-                        kn, kr = _load_k_rows(src + p * SUB * sk_t, k_off, ok)
-                        m_kn = tl.maximum(m_kn, tl.reduce(abs_bits(kn), 1, _imax))
-                        m_kr = tl.maximum(m_kr, tl.reduce(abs_bits(kr), 1, _imax))
+                        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
+                        if ROTATE:
+                            m_kb = tl.maximum(m_kb, tl.reduce(l1_bits(kn, kr), 0, _imax))
+                        else:
+                            m_kn = tl.maximum(m_kn, tl.reduce(abs_bits(kn), 1, _imax))
+                            m_kr = tl.maximum(m_kr, tl.reduce(abs_bits(kr), 1, _imax))
                         ok_v = (tv < k1 - r0 - p * SUB)[:, None]
                         x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok_v, other=0.0)
                         m_v = tl.maximum(m_v, tl.reduce(abs_bits(x), 1, _imax))
                     in_ty = K.dtype.element_ty
-                    a_kn = tl.reduce(m_kn, 0, _imax).to(in_ty, bitcast=True)
-                    a_kr = tl.reduce(m_kr, 0, _imax).to(in_ty, bitcast=True)
-                    s_k = scale_from_amax(max_nan(a_kn, a_kr).to(tl.float32), FP8_MAX)
+                    if ROTATE:
+                        s_k = bound_scale(m_kb, FP8_MAX)
+                        inv_k = reciprocal(s_k) * ROTATION_SCALE_C
+                    else:
+                        a_kn = tl.reduce(m_kn, 0, _imax).to(in_ty, bitcast=True)
+                        a_kr = tl.reduce(m_kr, 0, _imax).to(in_ty, bitcast=True)
+                        s_k = scale_from_amax(max_nan(a_kn, a_kr).to(tl.float32), FP8_MAX)
+                        inv_k = reciprocal(s_k)
                     s_v = scale_from_amax(tl.reduce(m_v, 0, _imax).to(in_ty, bitcast=True).to(
                         tl.float32), FP8_MAX)
-                    inv_k = reciprocal(s_k)
                     inv_v = reciprocal(s_v)
-                    # sweep 2: the block again (from L2), cast
-                    for p in tl.static_range(PARTS):
-                        ok = (t < k1 - r0 - p * SUB)[:, None]
-                        kn, kr = _load_k_rows(src + p * SUB * sk_t, k_off, ok)
-                        d = dst + p * SUB * heads * (NOPE_C + ROPE_C)
-                        tl.store(d + k8_off + c_nope[None, :], to_fp8(kn, inv_k, FP8_MAX, out_ty),
-                                 mask=ok)
-                        tl.store(d + NOPE_C + k8_off + c_rope[None, :],
-                                 to_fp8(kr, inv_k, FP8_MAX, out_ty), mask=ok)
-                        ok_v = (tv < k1 - r0 - p * SUB)[:, None]
-                        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok_v, other=0.0)
-                        tl.store(vrow + p * SUB + vt_off, tl.trans(to_fp8(x, inv_v, FP8_MAX, out_ty)),
-                                 mask=(t + p * SUB < next_start - col0)[None, :])
+                    if ROTATE:
+                        # after sweep 1, so its registers do not add to sweep 1's loads (a
+                        # program of several heads reads it again from L2 for each)
+                        m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+                    else:
+                        m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
+                    # sweep 2: the block again (from L2), cast. ROTATE: a loop, not unrolled,
+                    # so the next part's loads do not join the products' live registers
+                    if ROTATE:
+                        for p in tl.range(0, PARTS, num_stages=1):
+                            _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
+                                       k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
+                                       m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty, SUB, ROTATE)
+                    else:
+                        for p in tl.static_range(PARTS):
+                            _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
+                                       k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
+                                       m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty, SUB, ROTATE)
                 if last:
                     # the gap can reach 16 columns past the block (it is < 32 columns long)
                     tail = SCALE_BLOCK_C + tl.arange(0, 16)
@@ -252,6 +404,75 @@ if triton is not None:
                     sidx = col0 // 16
                     tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
                     tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
+
+    @triton.jit
+    def _q_blocks(
+        j, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads,
+        FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, Q_BLOCKS: tl.constexpr,
+        ROTATE: tl.constexpr,
+    ):
+        """q blocks j * Q_BLOCKS ... of sequence b (64 rows each, from the sequence's
+        start), heads g * HEADS_PER_PROGRAM ...: q8 and each row's block scale."""
+        q0 = tl.load(CuQ + b)
+        q1 = tl.load(CuQ + b + 1)
+        first = q0 + j * (Q_BLOCKS * QBLOCK_C)
+        if first < q1:
+            out_ty = Q8.dtype.element_ty
+            t = tl.arange(0, QBLOCK_C)
+            q_off = t[:, None] * sq_t
+            width: tl.constexpr = NOPE_C + ROPE_C
+            q8_off = t[:, None] * (heads * width)
+            if ROTATE:
+                m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+            else:
+                m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
+            for i in tl.range(0, Q_BLOCKS, num_stages=1):
+                r0 = first + i * QBLOCK_C
+                if r0 < q1:
+                    ok_r = t < q1 - r0
+                    ok = ok_r[:, None]
+                    for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
+                        h = g * HEADS_PER_PROGRAM + hh
+                        src = Q + h.to(tl.int64) * sq_h + r0.to(tl.int64) * sq_t
+                        qn, qr = load_rows(src, q_off, ok)
+                        yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr,
+                                                m_rr)
+                        store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok, yn, yr)
+                        # the block's scale at each of its rows (fp8.block_scales' layout)
+                        tl.store(QS + (r0 + t).to(tl.int64) * heads + h,
+                                 tl.full([QBLOCK_C], 0.0, tl.float32) + s_q, mask=ok_r)
+
+    # ss_w (the scale rows' length) and n_kv (the key blocks of the longest sequence) follow
+    # the batch: not specialized, one variant per model
+    @triton.jit(do_not_specialize=["ss_w", "n_kv"])
+    def _quant_qkv_kernel(
+        Q, K, V, Q8, QS, K8, VT8, Scales, CuQ, CuK, Rot,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads, n_kv,
+        FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
+        PERMUTED: tl.constexpr, ROTATE: tl.constexpr, Q_BLOCKS: tl.constexpr,
+    ):
+        """Grid (n_kv + q programs of the longest query sequence, sequences, heads /
+        HEADS_PER_PROGRAM): programs j < n_kv quantize key block j of k and v (`_kv_block`),
+        the others q blocks (`_q_blocks`, Q_BLOCKS blocks of 64 rows each).
+
+        ROTATE: q and k rotated by M (`Rot`, [192, 192] in the inputs' dtype) with the l1
+        bound as their scale (core/fp8.py); Rot is not read otherwise.
+        """
+        j = tl.program_id(0)
+        b = tl.program_id(1)
+        g = tl.program_id(2)
+        if j < n_kv:
+            _kv_block(j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride,
+                      ss_w, heads, FP8_MAX, HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE)
+        else:
+            _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, FP8_MAX,
+                      HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE)
+
+def quant_warps(device: torch.device, rotate: bool) -> int:
+    """num_warps of the quantization kernels on this device (NUM_WARPS_ROTATED_ROCM for the
+    rotated variant on ROCm, NUM_WARPS elsewhere)."""
+    rocm = device.type == "cuda" and bool(torch.version.hip)
+    return NUM_WARPS_ROTATED_ROCM if rotate and rocm else NUM_WARPS
 
 
 def permuted_v(device: torch.device) -> bool:
@@ -283,6 +504,102 @@ def vt_padded_len(total_k: int, batch: int) -> int:
     return max(16, vt_columns(total_k, batch) + 16)
 
 
+_ROTATIONS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def rotation_operand(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """M = `fp8.rotation_pm1()` [192, 192] in `dtype` (bf16/fp16: its ±1 entries are exact)
+    on `device`, made once per (device, dtype) and kept: a launch recorded for replay
+    (triton_launch) may point at it for the life of the process. Make it before recording
+    (its first creation copies to the device)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, dtype)
+    m = _ROTATIONS.get(key)
+    if m is None:
+        m = _ROTATIONS.setdefault(key, rotation_pm1(dtype, device).contiguous())
+    return m
+
+
+def quantize_qkv(
+    q: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor,
+    batch: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    fp8_dtype: torch.dtype,
+    fp8_max: float | None = None,
+    out: tuple[torch.Tensor, ...] | None = None,
+    *,
+    rotate: bool = False,
+    heads_per_program: int = HEADS_PER_PROGRAM,
+    num_warps: int | None = None,
+    parts: int = PARTS,
+    q_blocks: int | None = None,
+    permuted: bool | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """(q8 [Tq, H, 192], q scales float32 [Tq, H], k8 [Tk, H, 192], vt8 [H * 128, T_pad],
+    scales float32 [2, H, T_pad / 16]) in one launch (module doc for the layouts).
+
+    q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128]: bf16/fp16, any token and head strides,
+    contiguous features. q None (with cu_seqlens_q None): k and v only, q8 and q scales
+    come back as None. `out`: the five buffers to write into (the workspace's), else they
+    are allocated. `cu_seqlens_*` int32 on k's device; `batch` and the longest lengths from
+    the host (the plan), so nothing is read back from the device. `fp8_max` overrides the
+    format's largest value (tests run the fp8 logic with fp16 storage in Triton's
+    interpreter). `rotate`: q and k rotated (core/fp8.py; M from `rotation_operand`).
+    `heads_per_program`, `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row
+    q blocks per program, default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) are tuning
+    knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
+    could only change the order of the products' float32 sums (benchmarks/quant_bench.py
+    compares every configuration). `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
+    default, which is what the attention kernels read.
+    """
+    total_k, heads = k.shape[0], k.shape[1]
+    total_q = 0 if q is None else q.shape[0]
+    t_pad = vt_padded_len(total_k, batch)
+    if out is not None:
+        q8, qs, k8, vt8, scales = out
+    else:
+        if q is None:
+            q8 = qs = None
+        else:
+            q8 = torch.empty((total_q, heads, NOPE + ROPE), dtype=fp8_dtype, device=k.device)
+            qs = torch.empty((total_q, heads), dtype=torch.float32, device=k.device)
+        k8 = torch.empty((total_k, heads, NOPE + ROPE), dtype=fp8_dtype, device=k.device)
+        vt8 = torch.empty((heads * DV, t_pad), dtype=fp8_dtype, device=k.device)
+        scales = torch.empty((2, heads, t_pad // 16), dtype=torch.float32, device=k.device)
+    if batch == 0 or (total_k == 0 and total_q == 0):
+        return q8, qs, k8, vt8, scales
+    limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
+    # at least one block per sequence when there are keys: an empty one still writes its
+    # zero columns
+    n_kv = max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK)) if total_k else 0
+    if q_blocks is None:
+        q_blocks = Q_BLOCKS_ROTATED if rotate else Q_BLOCKS
+    n_q = triton.cdiv(max_seqlen_q, QBLOCK * q_blocks) if total_q else 0
+    if n_kv + n_q == 0:
+        return q8, qs, k8, vt8, scales
+    hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
+    rot = rotation_operand(k.device, k.dtype) if rotate else k
+    qa = q if q is not None and total_q else k  # not read when there are no q programs
+    grid = (n_kv + n_q, batch, heads // hpp)
+    _quant_qkv_kernel[grid](
+        qa, k, v, q8 if q8 is not None else k8, qs if qs is not None else scales, k8, vt8, scales,
+        cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens_k, cu_seqlens_k, rot,
+        qa.stride(0), qa.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad,
+        scales.stride(0), heads, n_kv,
+        FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
+        PERMUTED=permuted_v(k.device) if permuted is None else permuted, ROTATE=bool(rotate),
+        Q_BLOCKS=q_blocks,
+        num_warps=quant_warps(k.device, rotate) if num_warps is None else num_warps,
+    )
+    return q8, qs, k8, vt8, scales
+
+
 def quantize_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -293,40 +610,16 @@ def quantize_kv(
     fp8_max: float | None = None,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     *,
+    rotate: bool = False,
     heads_per_program: int = HEADS_PER_PROGRAM,
-    num_warps: int = NUM_WARPS,
+    num_warps: int | None = None,
     parts: int = PARTS,
     permuted: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]).
-
-    `out`: those three buffers to write into (the workspace's), else they are allocated.
-
-    `cu_seqlens_k` int32 on k's device; `batch` and `max_seqlen_k` from the host (the plan),
-    so nothing is read back from the device. `fp8_max` overrides the format's largest
-    value (tests run the fp8 logic with fp16 storage in Triton's interpreter).
-    `heads_per_program`, `num_warps` and `parts` are tuning knobs; the outputs do not
-    depend on them. `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
-    default, which is what the attention kernels read.
-    """
-    total_k, heads = k.shape[0], k.shape[1]
-    t_pad = vt_padded_len(total_k, batch)
-    if out is not None:
-        k8, vt8, scales = out
-    else:
-        k8 = torch.empty((total_k, heads, NOPE + ROPE), dtype=fp8_dtype, device=k.device)
-        vt8 = torch.empty((heads * DV, t_pad), dtype=fp8_dtype, device=k.device)
-        scales = torch.empty((2, heads, t_pad // 16), dtype=torch.float32, device=k.device)
-    if total_k == 0 or batch == 0:
-        return k8, vt8, scales
-    limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
-    # at least one block per sequence: an empty one still writes its zero columns
-    hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
-    grid = (max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK)), batch, heads // hpp)
-    _quant_kv_kernel[grid](
-        k, v, k8, vt8, scales, cu_seqlens_k,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad, scales.stride(0), heads,
-        FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
-        PERMUTED=permuted_v(k.device) if permuted is None else permuted, num_warps=num_warps,
-    )
+    """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]):
+    `quantize_qkv` without q (the same kernel, no q programs)."""
+    _, _, k8, vt8, scales = quantize_qkv(
+        None, k, v, None, cu_seqlens_k, batch, 0, max_seqlen_k, fp8_dtype, fp8_max,
+        None if out is None else (None, None, *out), rotate=rotate,
+        heads_per_program=heads_per_program, num_warps=num_warps, parts=parts, permuted=permuted)
     return k8, vt8, scales

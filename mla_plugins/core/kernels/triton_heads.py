@@ -1,0 +1,325 @@
+"""Per-(sequence, head) FP8 quantization of q, k and v (`core/fp8.py`'s `head_quantize`), for
+the FlashAttention-3 provider, whose FP8 kernel takes one descale per (sequence, head).
+
+One scale per (sequence, head) needs the whole sequence read before its first value is
+cast, so two launches (the amax rule's floor: inputs read twice, fp8 written once):
+- pass 1 (`_head_bound_kernel`), programs (split, sequence, head group): each reads its
+  chunk of the sequence's rows (1 / `splits` of them, 64-row tiles) of q, k and v and writes
+  the chunk's amax (rotated q and k: its l1 bound, the largest sum_j |x_j| of its rows times
+  ROTATION_SCALE) to `partials [splits, 3, B, H]`; an empty chunk writes 0;
+- pass 2 (`_head_cast_kernel`), programs (row blocks of q, of k, of v; sequence; head group):
+  each takes the max of its (tensor, sequence, head)'s `splits` partials (NaN-aware, a
+  32-wide vector: `MAX_SPLITS`), the scale amax / fp8 max (1 for zero, so 1 for an empty
+  sequence), writes it to `descales [3, B, H]` (q, k, v) from the sequence's first block,
+  and casts its rows (q and k rotated with `rotate`: M on the tensor cores, as
+  `triton_quant`'s block rule does it).
+
+Layouts written are the natural ones FA3 reads: q8 [Tq, H, 192], k8 [Tk, H, 192] (rotated
+with `rotate`), v8 [Tk, H, 128], contiguous. Inputs may be strided views (token and head
+strides; features contiguous: vLLM's v is a view of a wider tensor). Nothing is read back
+from the device and no torch operation runs between the two launches, so
+`triton_launch` can record and replay them (wrap this module's kernels first:
+`triton_launch.wrap_kernels(triton_heads)`; make `triton_quant.rotation_operand` before
+recording, and count it and the partials among the recording's constant buffers).
+
+Stored fp8 values are finite (NaN -> 0); a NaN or inf of a (sequence, head) travels in its
+descale, which no other (sequence, head) shares. This module imports triton when imported.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_quant as tq
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the provider reports "triton is not installed"
+    triton = None
+
+#: rows of one tile (pass 1) and of one cast block (pass 2)
+HEAD_BLOCK = 64
+#: the most chunks a sequence is cut into in pass 1 (pass 2 reduces them as one vector)
+MAX_SPLITS = 32
+#: rows below which a chunk is not worth its own program (head_splits)
+MIN_CHUNK = 256
+#: pass-2 blocks one program casts in turn; rotated, each program first fills shared memory
+#: with M (72 KB from L2), which more blocks per program amortize
+BLOCKS = 1
+BLOCKS_ROTATED = 2
+
+if triton is not None:
+    from .triton_quant import (
+        DV_C,
+        NOPE_C,
+        ROPE_C,
+        _imax,
+        abs_bits,
+        l1_bits,
+        load_rotation,
+        load_rows,
+        qk_cast,
+        reciprocal,
+        scale_from_amax,
+        store_rows,
+        to_fp8,
+    )
+
+    HEAD_BLOCK_C = tl.constexpr(HEAD_BLOCK)
+    MAX_SPLITS_C = tl.constexpr(MAX_SPLITS)
+    ROTATION_SCALE_C = tl.constexpr(tq.ROTATION_SCALE)
+
+    @triton.jit
+    def _chunk(Cu, b, s, splits):
+        """Rows [c0, c1) of sequence b's chunk s of `splits` (ceil-sized; the last ones may
+        be short or empty)."""
+        r0 = tl.load(Cu + b)
+        r1 = tl.load(Cu + b + 1)
+        size = tl.cdiv(r1 - r0, splits)
+        c0 = tl.minimum(r0 + s * size, r1)
+        return c0, tl.minimum(c0 + size, r1)
+
+    @triton.jit
+    def _qk_chunk_bound(X, Cu, b, s, h, sx_t, sx_h, splits, ROTATE: tl.constexpr):
+        """float32 amax (ROTATE: l1 bound) of chunk s of sequence b, head h, of q or k."""
+        c0, c1 = _chunk(Cu, b, s, splits)
+        t = tl.arange(0, HEAD_BLOCK_C)
+        off = t[:, None] * sx_t
+        base = X + h.to(tl.int64) * sx_h
+        m = tl.full([], 0, tl.int32)
+        for i in tl.range(0, tl.cdiv(c1 - c0, HEAD_BLOCK_C)):
+            r = c0 + i * HEAD_BLOCK_C
+            xn, xr = load_rows(base + r.to(tl.int64) * sx_t, off, (t < c1 - r)[:, None])
+            if ROTATE:
+                m = tl.maximum(m, tl.reduce(l1_bits(xn, xr), 0, _imax))
+            else:
+                b16 = tl.maximum(tl.reduce(abs_bits(xn), 1, _imax), tl.reduce(abs_bits(xr), 1, _imax))
+                m = tl.maximum(m, tl.reduce(b16, 0, _imax).to(tl.int32))
+        if ROTATE:
+            # max_r(sum_r) * c rounds as max_r(sum_r * c) does (triton_quant.bound_scale)
+            bound = m.to(tl.float32, bitcast=True) * ROTATION_SCALE_C
+        else:
+            bound = m.to(tl.int16).to(X.dtype.element_ty, bitcast=True).to(tl.float32)
+        return bound
+
+    @triton.jit
+    def _v_chunk_amax(V, Cu, b, s, h, sv_t, sv_h, splits):
+        c0, c1 = _chunk(Cu, b, s, splits)
+        t = tl.arange(0, HEAD_BLOCK_C)
+        off = t[:, None] * sv_t + tl.arange(0, DV_C)[None, :]
+        base = V + h.to(tl.int64) * sv_h
+        m = tl.full([], 0, tl.int32)
+        for i in tl.range(0, tl.cdiv(c1 - c0, HEAD_BLOCK_C)):
+            r = c0 + i * HEAD_BLOCK_C
+            x = tl.load(base + r.to(tl.int64) * sv_t + off, mask=(t < c1 - r)[:, None], other=0.0)
+            m = tl.maximum(m, tl.reduce(tl.reduce(abs_bits(x), 1, _imax), 0, _imax).to(tl.int32))
+        return m.to(tl.int16).to(V.dtype.element_ty, bitcast=True).to(tl.float32)
+
+    # what follows the batch is not specialized on: one variant per model
+    @triton.jit(do_not_specialize=["batch", "splits"])
+    def _head_bound_kernel(
+        Q, K, V, CuQ, CuK, Partials, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits,
+        ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+    ):
+        """Grid (splits, sequences, heads / HEADS_PER_PROGRAM): partials[s, t, b, h] for
+        t = q, k, v (module doc)."""
+        s = tl.program_id(0)
+        b = tl.program_id(1)
+        g = tl.program_id(2)
+        bh = batch * heads
+        for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
+            h = g * HEADS_PER_PROGRAM + hh
+            dst = Partials + (s * 3 * bh + b * heads + h).to(tl.int64)
+            tl.store(dst, _qk_chunk_bound(Q, CuQ, b, s, h, sq_t, sq_h, splits, ROTATE))
+            tl.store(dst + bh, _qk_chunk_bound(K, CuK, b, s, h, sk_t, sk_h, splits, ROTATE))
+            tl.store(dst + 2 * bh, _v_chunk_amax(V, CuK, b, s, h, sv_t, sv_h, splits))
+
+    @triton.jit
+    def _head_scale(Partials, which, b, h, bh, heads, splits, FP8_MAX: tl.constexpr):
+        """The scale of tensor `which` (0 q, 1 k, 2 v) for (sequence b, head h) from its
+        `splits` partials: their NaN-aware max (bit patterns, sign cleared: non-negative
+        floats order as integers, NaN above inf) / fp8 max, 1 for 0."""
+        i = tl.arange(0, MAX_SPLITS_C)
+        p = tl.load(Partials + (i * 3 * bh + which * bh + b * heads + h).to(tl.int64),
+                    mask=i < splits, other=0.0)
+        bits = tl.reduce(p.to(tl.int32, bitcast=True) & 0x7FFFFFFF, 0, _imax)
+        return scale_from_amax(bits.to(tl.float32, bitcast=True), FP8_MAX)
+
+    @triton.jit(do_not_specialize=["batch", "splits", "n_q", "n_k"])
+    def _head_cast_kernel(
+        Q, K, V, Q8, K8, V8, Descales, CuQ, CuK, Partials, Rot,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits, n_q, n_k,
+        FP8_MAX: tl.constexpr, ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+        BLOCKS: tl.constexpr,
+    ):
+        """Grid (n_q + 2 * n_k, sequences, heads / HEADS_PER_PROGRAM): programs j < n_q cast
+        q's rows [j * BLOCKS * 64, ...) of the sequence, the next n_k k's, the last n_k v's;
+        each sequence's first program of each tensor writes its descales (module doc)."""
+        j = tl.program_id(0)
+        b = tl.program_id(1)
+        g = tl.program_id(2)
+        bh = batch * heads
+        width: tl.constexpr = NOPE_C + ROPE_C
+        t = tl.arange(0, HEAD_BLOCK_C)
+        if j < n_q + n_k:
+            # q or k: the same code on the one or the other's pointers
+            if j < n_q:
+                which = 0
+                jb = j
+                X = Q
+                X8 = Q8
+                Cu = CuQ
+                sx_t = sq_t
+                sx_h = sq_h
+            else:
+                which = 1
+                jb = j - n_q
+                X = K
+                X8 = K8
+                Cu = CuK
+                sx_t = sk_t
+                sx_h = sk_h
+            r_start = tl.load(Cu + b)
+            r_end = tl.load(Cu + b + 1)
+            first = r_start + jb * (BLOCKS * HEAD_BLOCK_C)
+            if (first < r_end) | (jb == 0):
+                out_ty = X8.dtype.element_ty
+                off = t[:, None] * sx_t
+                off8 = t[:, None] * (heads * width)
+                if ROTATE:
+                    # once per program, shared memory across its heads and blocks
+                    m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+                else:
+                    m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
+                for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
+                    h = g * HEADS_PER_PROGRAM + hh
+                    s = _head_scale(Partials, which, b, h, bh, heads, splits, FP8_MAX)
+                    if jb == 0:
+                        tl.store(Descales + (which * bh + b * heads + h), s)
+                    for i in tl.range(0, BLOCKS, num_stages=1):
+                        r0 = first + i * HEAD_BLOCK_C
+                        if r0 < r_end:
+                            ok = (t < r_end - r0)[:, None]
+                            src = X + h.to(tl.int64) * sx_h + r0.to(tl.int64) * sx_t
+                            xn, xr = load_rows(src, off, ok)
+                            yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr,
+                                             m_rr)
+                            store_rows(X8 + (r0.to(tl.int64) * heads + h) * width, off8, ok, yn, yr)
+        else:
+            jb = j - n_q - n_k
+            r_start = tl.load(CuK + b)
+            r_end = tl.load(CuK + b + 1)
+            first = r_start + jb * (BLOCKS * HEAD_BLOCK_C)
+            if (first < r_end) | (jb == 0):
+                out_ty = V8.dtype.element_ty
+                c = tl.arange(0, DV_C)[None, :]
+                off = t[:, None] * sv_t + c
+                off8 = t[:, None] * (heads * DV_C) + c
+                for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
+                    h = g * HEADS_PER_PROGRAM + hh
+                    s = _head_scale(Partials, 2, b, h, bh, heads, splits, FP8_MAX)
+                    if jb == 0:
+                        tl.store(Descales + (2 * bh + b * heads + h), s)
+                    inv = reciprocal(s)
+                    for i in tl.range(0, BLOCKS, num_stages=1):
+                        r0 = first + i * HEAD_BLOCK_C
+                        if r0 < r_end:
+                            ok = (t < r_end - r0)[:, None]
+                            x = tl.load(V + h.to(tl.int64) * sv_h + r0.to(tl.int64) * sv_t + off,
+                                        mask=ok, other=0.0)
+                            tl.store(V8 + (r0.to(tl.int64) * heads + h) * DV_C + off8,
+                                     to_fp8(x, inv, FP8_MAX, out_ty), mask=ok)
+
+
+def head_splits(max_len: int, batch: int, heads: int, sms: int) -> int:
+    """`splits` for `quantize_heads`: enough chunks per sequence that pass 1 runs ~4
+    programs per SM (`sms` multiprocessors), none shorter than MIN_CHUNK rows of the
+    longest sequence, at most MAX_SPLITS."""
+    programs = max(1, batch * heads)
+    want = -(-4 * max(1, sms) // programs)
+    return max(1, min(MAX_SPLITS, want, -(-max_len // MIN_CHUNK)))
+
+
+def head_workspace_layout(total_q: int, total_k: int, batch: int, heads: int, splits: int,
+                          fp8_dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The regions `quantize_heads` writes, as `Kernel.workspace_layout` lists them
+    ([(name, shape, dtype), ...], for `workspace.carve`): its `out` buffers in order."""
+    return [
+        ("q8", (total_q, heads, tq.NOPE + tq.ROPE), fp8_dtype),
+        ("k8", (total_k, heads, tq.NOPE + tq.ROPE), fp8_dtype),
+        ("v8", (total_k, heads, tq.DV), fp8_dtype),
+        ("descales", (3, batch, heads), torch.float32),
+        ("partials", (splits, 3, batch, heads), torch.float32),
+    ]
+
+
+def quantize_heads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    batch: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    splits: int,
+    fp8_dtype: torch.dtype,
+    *,
+    rotate: bool,
+    fp8_max: float | None = None,
+    out: tuple[torch.Tensor, ...] | None = None,
+    heads_per_program: int = 1,
+    num_warps: int | None = None,
+    blocks: int | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
+    v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
+    `rotate`) and v in two launches (module doc).
+
+    q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128]: bf16/fp16, any token and head strides,
+    contiguous features. `cu_seqlens_*` int32 on q's device; `batch`, the longest lengths
+    and `splits` (1 ... MAX_SPLITS, `head_splits`) from the host, so nothing is read back.
+    `out`: the five buffers to write into (`head_workspace_layout`), else allocated.
+    `fp8_max` overrides the format's largest value (the interpreter's fp16 storage).
+    `heads_per_program`, `num_warps` (`triton_quant.quant_warps` by default) and `blocks`
+    (64-row blocks per pass-2 program) are tuning knobs; as for `triton_quant.quantize_qkv`,
+    the amax rule's outputs do not depend on them, the rotated ones at most by the order of
+    float32 sums.
+    """
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
+    for name, x, width in (("q", q, tq.NOPE + tq.ROPE), ("k", k, tq.NOPE + tq.ROPE), ("v", v, tq.DV)):
+        if x.dim() != 3 or x.shape[2] != width or x.stride(2) != 1:
+            raise ValueError(f"{name}: found shape {tuple(x.shape)} with strides {x.stride()}, "
+                             f"expected [T, H, {width}] with contiguous features")
+    total_q, total_k, heads = q.shape[0], k.shape[0], q.shape[1]
+    if out is None:
+        dev = q.device
+        out = tuple(torch.empty(shape, dtype=dtype, device=dev) for _, shape, dtype in
+                    head_workspace_layout(total_q, total_k, batch, heads, splits, fp8_dtype))
+    q8, k8, v8, descales, partials = out
+    if batch == 0 or heads == 0:
+        return q8, k8, v8, descales, partials
+    limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
+    hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
+    warps = tq.quant_warps(q.device, rotate) if num_warps is None else num_warps
+    _head_bound_kernel[(splits, batch, heads // hpp)](
+        q, k, v, cu_seqlens_q, cu_seqlens_k, partials, q.stride(0), q.stride(1), k.stride(0),
+        k.stride(1), v.stride(0), v.stride(1), batch, heads, splits,
+        ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, num_warps=warps,
+    )
+    if blocks is None:
+        blocks = BLOCKS_ROTATED if rotate else BLOCKS
+    rows = HEAD_BLOCK * blocks
+    # at least one program per sequence and tensor: an empty sequence still writes descales
+    n_q = max(1, -(-max_seqlen_q // rows))
+    n_k = max(1, -(-max_seqlen_k // rows))
+    rot = tq.rotation_operand(q.device, q.dtype) if rotate else q
+    _head_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
+        q, k, v, q8, k8, v8, descales, cu_seqlens_q, cu_seqlens_k, partials, rot,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        batch, heads, splits, n_q, n_k,
+        FP8_MAX=limit, ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, BLOCKS=blocks, num_warps=warps,
+    )
+    return q8, k8, v8, descales, partials

@@ -1,0 +1,340 @@
+"""The Triton quantization against core/fp8.py's torch statements, through the interpreter.
+
+`triton_quant.quantize_qkv` (block rule: q, k, v in one launch) and `triton_heads.
+quantize_heads` (one scale per (sequence, head), FA3's descales), with and without the
+rotation of q and k. The interpreter has no fp8 types: the kernels store the scaled values
+in fp16 with fp8's largest value (448) as the clamp, and the torch rule is run the same way
+(`fp8.fp8_max` answering 448 for fp16: `emulated`), so what is compared is the rule's logic
+(blocks, scales, NaN/inf, the rotation, the layouts), not fp8 rounding (tests/gpu).
+
+Unrotated, the kernels reproduce the rule bit for bit. Rotated, a row's x @ M is summed in
+float32 by the tensor cores (the rule sums in float64) and each row's l1 sum in another
+order: scales agree to ~1e-7 relative and a stored value may sit one step of the storage
+format away where the two sums round on either side of a midpoint (`assert_within_a_step`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import mla_plugins
+from mla_plugins.core import fp8
+from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_quantize, head_quantize
+from mla_plugins.core.reference import reference_attention, relative_error
+from tests.core.helpers import BF16_TOL, cu_seqlens, poisoned, random_batch, vllm_v_view
+
+pytestmark = [
+    pytest.mark.triton,
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                       reason="runs the Triton interpreter: set TRITON_INTERPRET=1 (nox -s triton)"),
+]
+
+LIMIT = 448.0
+STORE = torch.float16
+#: q lengths, k lengths: an empty sequence, starts not 16-aligned, one row, blocks past 128
+LENS_Q = [37, 0, 130, 64, 1]
+LENS_K = [50, 0, 200, 64, 129]
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """core/fp8.py's rule with fp16 storage and fp8's 448 as the largest value: what the
+    kernels compute under the interpreter (triton_kernel._FP8_STORAGE)."""
+    from mla_plugins.core.kernels import triton_kernel
+
+    monkeypatch.setattr(fp8, "fp8_max", lambda dtype: LIMIT)
+    monkeypatch.setattr(triton_kernel, "_FP8_STORAGE", STORE)
+
+
+def batch(heads=2, *, strided=True, bad=True):
+    """Fresh random fp16 q, k, v (never zeros); `strided`: q a [..., :192] view of a wider
+    tensor and v vLLM's view (head stride 256); `bad`: a NaN in q, an inf and a -inf in k."""
+    q, k, v, cq, ck = random_batch(LENS_Q, LENS_K, heads, dtype=torch.float16, scale=3.0)
+    if strided:
+        q = torch.cat((q, torch.randn_like(q[..., :64])), dim=-1)[..., :192]
+        v = vllm_v_view(v)
+    if bad:
+        q[40, 1, 2] = float("nan")  # sequence 2, block 0
+        k[60, 0, 3] = float("inf")  # sequence 2, block 0
+        k[250, 1, 1] = float("-inf")  # sequence 3
+    return q, k, v, cq, ck
+
+
+def same(a, b) -> bool:
+    """Equal values, NaN where the other is NaN."""
+    a, b = a.float(), b.float()
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def assert_scales(got, want, rotated):
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    ok = torch.isfinite(want)
+    if rotated:  # float32 row sums in another order
+        torch.testing.assert_close(got[ok], want[ok], rtol=1e-6, atol=0)
+    else:
+        assert torch.equal(got[ok], want[ok])
+
+
+#: the float32 sum of a rotated row's 192 products may be off by 192 ulps of the sum of
+#: their magnitudes, at most LIMIT once scaled: near zero that is many fp16 steps (its
+#: typical size, sqrt(192) ulps, ~4e-4, is also under fp8's smallest step, 2^-9)
+SUM_ERROR = 192 * 2.0**-24 * LIMIT
+
+
+def assert_within_a_step(got, want, rotated):
+    """Stored values: equal (unrotated), or at most one fp16 step (or the float32 sum's
+    error) apart where the kernel's float32 sums and the rule's float64 ones round
+    differently (rotated), rarely."""
+    got, want = got.float(), want.float()
+    assert torch.isfinite(got).all(), "stored fp8 values are finite (NaN -> 0)"
+    if not rotated:
+        assert torch.equal(got, want)
+        return
+    step = torch.where(want == 0, 2.0**-24, 2.0 ** (torch.floor(torch.log2(want.abs())) - 10))
+    diff = (got - want).abs()
+    bound = torch.maximum(step * 1.001, torch.full_like(step, SUM_ERROR))
+    assert (diff <= bound).all(), f"{(diff / bound).max():.2f} x the bound apart"
+    assert (diff > 0).float().mean() < 1e-2, "more than the odd rounding tie moved"
+
+
+def qkv(q, k, v, cq, ck, *, rotate, parts=2, permuted=True, poison=True):
+    """quantize_qkv into buffers full of NaN (so an unwritten cell shows)."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    b = len(cq) - 1
+    lq, lk = cq.diff().tolist(), ck.diff().tolist()
+    t_pad = tq.vt_padded_len(k.shape[0], b)
+    out = None
+    if poison:
+        heads = q.shape[1]
+        out = (poisoned((q.shape[0], heads, 192), STORE), poisoned((q.shape[0], heads), torch.float32),
+               poisoned((k.shape[0], heads, 192), STORE), poisoned((heads * 128, t_pad), STORE),
+               poisoned((2, heads, t_pad // 16), torch.float32))
+    return tq.quantize_qkv(q, k, v, cq, ck, b, max(lq, default=0), max(lk, default=0), STORE, LIMIT,
+                           out, rotate=rotate, parts=parts, permuted=permuted)
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("parts,permuted,strided", [(2, True, True), (1, False, True), (2, False, False)])
+def test_quantize_qkv_follows_the_block_rule(emulated, rotate, parts, permuted, strided):
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, v, cq, ck = batch(strided=strided)
+    q8, qs, k8, vt8, scales = qkv(q, k, v, cq, ck, rotate=rotate, parts=parts, permuted=permuted)
+    cuq, cuk = cq.tolist(), ck.tolist()
+    rq, sq = block_quantize(q, cuq, STORE, block=Q_BLOCK, rotate_=rotate)
+    rk, sk = block_quantize(k, cuk, STORE, block=KV_BLOCK, rotate_=rotate)
+    rv, sv = block_quantize(v, cuk, STORE, block=KV_BLOCK)
+    # q: every row's values and its block's scale at every row
+    assert_scales(qs, sq, rotate)
+    assert_within_a_step(q8, rq, rotate)
+    assert_within_a_step(k8, rk, rotate)
+    heads = k.shape[1]
+    for b in range(len(cuk) - 1):
+        n = cuk[b + 1] - cuk[b]
+        cols = tq.vt_column(cuk[b], b, torch.arange(n), permuted)
+        got = vt8[:, cols].view(heads, 128, n).permute(2, 0, 1)
+        assert torch.equal(got, rv[cuk[b]:cuk[b + 1]]), b  # v: never rotated, bit for bit
+        for t in range(cuk[b], cuk[b + 1], KV_BLOCK):
+            c = tq.vt_column(cuk[b], b, t - cuk[b], False) // 16  # a block's first column
+            assert_scales(scales[0, :, c], sk[t], rotate)
+            assert same(scales[1, :, c], sv[t])
+        # the columns after a sequence, up to the next one's first, are zeros
+        nxt = tq.vt_column(cuk[b + 1], b + 1, 0, False) - tq.vt_column(cuk[b], b, 0, False)
+        gap = [tq.vt_column(cuk[b], b, x, permuted) for x in range(n, nxt)] if n else []
+        assert (vt8[:, gap] == 0).all(), b
+
+
+def test_quantize_qkv_all_zero_blocks_scale_one(emulated):
+    """A block of zeros (q, k, v) has scale 1 and zero values, rotated or not."""
+    q, k, v, cq, ck = batch(bad=False)
+    q[cq[2]:cq[2] + 64] = 0
+    k[ck[2]:ck[2] + 128] = 0
+    for rotate in (False, True):
+        q8, qs, k8, _, scales = qkv(q, k, v, cq, ck, rotate=rotate)
+        assert (qs[cq[2]:cq[2] + 64] == 1).all() and (q8[cq[2]:cq[2] + 64] == 0).all()
+        assert (k8[ck[2]:ck[2] + 128] == 0).all()
+        assert (scales[0].flatten(0) == 1).sum() >= 2  # k's zero block in both heads
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("splits", [1, 3, 32])
+def test_quantize_heads_follows_head_quantize(emulated, rotate, splits):
+    """One scale per (sequence, head): descales [3, B, H], natural fp8 layouts, the
+    partials' max per (tensor, sequence, head) giving the descale; outputs poisoned first."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    q, k, v, cq, ck = batch()
+    heads, b = q.shape[1], len(LENS_Q)
+    layout = th.head_workspace_layout(q.shape[0], k.shape[0], b, heads, splits, STORE)
+    out = tuple(poisoned(shape, dtype) for _, shape, dtype in layout)
+    q8, k8, v8, descales, partials = th.quantize_heads(
+        q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), splits, STORE, rotate=rotate, fp8_max=LIMIT,
+        out=out)
+    for x, got, d, cu, rot in ((q, q8, descales[0], cq, rotate), (k, k8, descales[1], ck, rotate),
+                               (v, v8, descales[2], ck, False)):
+        want, want_s = head_quantize(x, cu.tolist(), STORE, rotate_=rot)
+        assert_within_a_step(got, want, rot)
+        assert_scales(d, want_s, rot)
+    assert (descales[:, 1] == 1).all(), "an empty sequence's scales are 1"
+    # the partials are the chunks' amax / l1 bound: their max is the descale's numerator
+    amax = partials.amax(0)  # NaN propagates
+    assert same(torch.where(amax == 0, 1.0, amax / LIMIT), descales)
+
+
+def test_head_splits_fill_the_gpu():
+    from mla_plugins.core.kernels import triton_heads as th
+
+    assert th.head_splits(8192, 1, 16, 132) == 32  # 16 programs: as many chunks as allowed
+    assert th.head_splits(16384, 1, 128, 132) == 5  # ~4 programs per SM
+    assert th.head_splits(512, 16, 16, 132) == 2  # no chunk shorter than MIN_CHUNK rows
+    assert th.head_splits(100, 64, 128, 132) == 1
+    assert th.head_splits(0, 1, 1, 132) == 1
+    with pytest.raises(ValueError, match="splits: found 33"):
+        q, k, v, cq, ck = batch(bad=False)
+        th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 33, STORE, rotate=False)
+
+
+CASES = {
+    "edge lengths": ([0, 1, 127, 128, 129], [0, 1, 127, 128, 129]),
+    "cached prefix": ([1, 70, 130], [1, 200, 300]),
+}
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_fp8_attention_follows_the_rule(emulated, rotate, case):
+    """mla_prefill through the Triton kernel (quantize_qkv, then the attention on q8) against
+    the float64 reference on the rule's own quantized inputs (`reference_attention(...,
+    fp8_dtype=, fp8_rotate=)`, emulated as the kernel stores them), and against exact
+    attention: the rotation leaves the logits unchanged."""
+    lens_q, lens_k = CASES[case]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, 2, dtype=torch.float16, scale=4.0)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=True, tile_q=128,
+                                    kv_granularity=128, num_workers=5)
+    out = poisoned((q.shape[0], 2, 128), torch.float16)
+    _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, fp8_rotate=rotate, out=out,
+                                     return_lse=True, plan=plan, kernel="triton")
+    ref8, ref8_lse = reference_attention(q, k, v, cq, ck, fp8_dtype=STORE, fp8_rotate=rotate)
+    ref, _ = reference_attention(q, k, v, cq, ck)
+    assert not out.isnan().any() and not lse.isnan().any()
+    # P is rounded to fp16 (the interpreter's fp8) for P @ V; the rest is float32
+    assert relative_error(out, ref8) < 2e-3
+    finite = torch.isfinite(ref8_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert relative_error(lse[finite], ref8_lse[finite]) < 1e-5
+    assert relative_error(out, ref) <= BF16_TOL
+
+
+def _poison(q, k, v, cq, ck):
+    """inf in a q row, NaN in a k row, 1e30 in a v row of sequence 1 (head 0)."""
+    q0, k0 = cq[1].item(), ck[1].item()
+    q[q0 + 65, 0, 3] = float("inf")
+    k[k0 + 10, 0, 100] = float("nan")
+    v[k0 + 130, 0, 7] = 1e30
+    q[q0 + 3, 0, 5] = 1e30  # a huge finite q value too
+    k[k0 + 140, 0, 9] = 1e30
+
+
+ISO_Q, ISO_K = [70, 130, 90], [150, 200, 90]
+
+
+def _alone(b, cq, ck, *tensors):
+    qs = slice(cq[b], cq[b + 1])
+    ks = slice(ck[b], ck[b + 1])
+    q, k, v = tensors
+    return q[qs], k[ks], v[ks], cu_seqlens([cq[b + 1] - cq[b]]), cu_seqlens([ck[b + 1] - ck[b]])
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+def test_block_quantization_isolates_sequences(emulated, rotate):
+    """quantize_qkv: sequences 0 and 2 next to one holding inf/NaN/1e30 get exactly the
+    values and scales they get alone (q8, q scales, k8, vt8 columns, k/v scales)."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, v, cq, ck = random_batch(ISO_Q, ISO_K, 2, dtype=torch.float16)
+    _poison(q, k, v, cq, ck)
+    q8, qs, k8, vt8, sc = qkv(q, k, v, cq, ck, rotate=rotate)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    for b in (0, 2):
+        aq8, aqs, ak8, avt8, asc = qkv(*_alone(b, cqh, ckh, q, k, v), rotate=rotate)
+        rows_q, rows_k, n = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1]), ISO_K[b]
+        assert torch.equal(q8[rows_q], aq8) and torch.equal(qs[rows_q], aqs)
+        assert torch.equal(k8[rows_k], ak8)
+        cols = tq.vt_column(ckh[b], b, torch.arange(n), True)
+        assert torch.equal(vt8[:, cols], avt8[:, tq.vt_column(0, 0, torch.arange(n), True)])
+        c0 = tq.vt_column(ckh[b], b, 0, False) // 16
+        for j in range(0, n, KV_BLOCK):
+            assert torch.equal(sc[:, :, c0 + j // 16], asc[:, :, j // 16])
+    s1 = slice(cqh[1], cqh[2])
+    assert not torch.isfinite(qs[s1, 0]).all(), "sequence 1's poison is there to leak"
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+def test_head_quantization_isolates_sequences(emulated, rotate):
+    """quantize_heads: the same, for one scale per (sequence, head) (same `splits`)."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    q, k, v, cq, ck = random_batch(ISO_Q, ISO_K, 2, dtype=torch.float16)
+    _poison(q, k, v, cq, ck)
+
+    def run(q, k, v, cq, ck):
+        lq, lk = cq.diff().tolist(), ck.diff().tolist()
+        return th.quantize_heads(q, k, v, cq, ck, len(lq), max(lq), max(lk), 3, STORE,
+                                 rotate=rotate, fp8_max=LIMIT)
+
+    q8, k8, v8, d, _ = run(q, k, v, cq, ck)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    for b in (0, 2):
+        aq8, ak8, av8, ad, _ = run(*_alone(b, cqh, ckh, q, k, v))
+        rows_q, rows_k = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1])
+        assert torch.equal(q8[rows_q], aq8) and torch.equal(k8[rows_k], ak8)
+        assert torch.equal(v8[rows_k], av8) and torch.equal(d[:, b], ad[:, 0])
+    assert not torch.isfinite(d[:, 1, 0]).any() and torch.isfinite(d[:, 1, 1]).all()
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+def test_fp8_attention_isolates_sequences(emulated, rotate):
+    """The attention output and lse of sequences 0 and 2 are bit for bit those of each alone."""
+    q, k, v, cq, ck = random_batch(ISO_Q, ISO_K, 2, dtype=torch.float16)
+    _poison(q, k, v, cq, ck)
+
+    def run(q, k, v, cq, ck):
+        plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, tile_q=64, kv_granularity=128,
+                                        num_workers=1)
+        out = poisoned((q.shape[0], 2, 128), torch.float16)
+        _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, fp8_rotate=rotate, out=out,
+                                         return_lse=True, plan=plan, kernel="triton")
+        return out, lse
+
+    out, lse = run(q, k, v, cq, ck)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    for b in (0, 2):
+        alone, alone_lse = run(*_alone(b, cqh, ckh, q, k, v))
+        rows = slice(cqh[b], cqh[b + 1])
+        assert torch.isfinite(out[rows]).all()
+        assert torch.equal(out[rows], alone) and torch.equal(lse[rows], alone_lse), b
+    s1 = slice(cqh[1], cqh[2])
+    assert torch.isfinite(out[s1, 1]).all(), "head 1 of sequence 1 holds no bad value"
+
+
+def test_rotation_is_the_default(emulated, monkeypatch):
+    """mla_prefill(fp8_rotate=None) resolves through fp8.rotation_applies: rotated by default
+    (MLA_PLUGINS_FP8_ROTATE unset), not with the variable off."""
+    q, k, v, cq, ck = random_batch([70, 130], [150, 130], 2, dtype=torch.float16)
+
+    def run(rotate):
+        out = poisoned((q.shape[0], 2, 128), torch.float16)
+        mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, fp8_rotate=rotate, out=out,
+                                kernel="triton")
+        return out
+
+    monkeypatch.delenv("MLA_PLUGINS_FP8_ROTATE", raising=False)
+    rotated, plain = run(True), run(False)
+    assert not torch.equal(rotated, plain)
+    assert torch.equal(run(None), rotated)
+    monkeypatch.setenv("MLA_PLUGINS_FP8_ROTATE", "off")
+    assert torch.equal(run(None), plain)
