@@ -399,10 +399,22 @@ def test_isolation(builds, on_cpu, fp8, where, poison):
     x[start + 1, 1, 5] = float(poison)
     rotate = True if fp8 else None
     out, lse = run(q, k, v, cq, ck, fp8=fp8, rotate=rotate, namespace="fa3_fwd")
+    # FA3's documented limit in bf16 (README, "FlashAttention-3"): it multiplies the zero
+    # weights of a sequence's last, partial key tile by the next sequence's first value rows,
+    # so a non-finite value there turns that tile's query rows NaN in that head (lse intact);
+    # in fp8 the quantization stores it as 0 and it travels in its own sequence's descale
+    leaks = not fp8 and where == "v" and poison in ("inf", "nan")
     for b in (0, 2):
         qs, ks, vs = q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]
         alone_out, alone_lse = run(qs, ks, vs, [0, lens[b][0]], [0, lens[b][1]], fp8=fp8,
                                    rotate=rotate, namespace="fa3_fwd")
+        if leaks and b == 0:
+            got = out[cq[b]:cq[b + 1]]
+            same = (got == alone_out) | (got.isnan() & ~alone_out.isnan())
+            assert same.all() and not got[:, [0, 2]].isnan().any(), (
+                "the bf16 leak reaches beyond the poisoned head of the preceding sequence's tile")
+            assert torch.equal(lse[cq[b]:cq[b + 1]], alone_lse)
+            continue
         assert torch.equal(out[cq[b]:cq[b + 1]], alone_out), (
             f"sequence {b}'s output changed by {poison} in sequence 1's {where} "
             f"({'fp8' if fp8 else 'bf16'}): {int(out[cq[b]:cq[b + 1]].isnan().sum())} NaN")

@@ -142,10 +142,21 @@ def test_isolation(poison, where, mode, device):
     x, start = {"q": (q, cq[1]), "k": (k, ck[1]), "v": (v, ck[1])}[where]
     x[start + 5, 3, 17] = float(poison)
     out, lse = run(q, k, v, cq, ck, fp8=fp8, rotate=rotate if fp8 else None)
+    # FA3's documented bf16 limit (README): its last, partial key tile of sequence 0 multiplies
+    # zero weights by sequence 1's first value rows; a non-finite one there turns rows of that
+    # tile NaN in the poisoned head (lse intact). fp8 stores it as 0 (own descale carries it).
+    leaks = not fp8 and where == "v" and poison in ("inf", "nan")
     for b in (0, 2):
         alone_out, alone_lse = run(q[cq[b]:cq[b + 1]].clone(), k[ck[b]:ck[b + 1]].clone(),
                                    v[ck[b]:ck[b + 1]].clone(), [0, lens_q[b]], [0, lens_k[b]],
                                    fp8=fp8, rotate=rotate if fp8 else None)
+        if leaks and b == 0:
+            got = out[cq[b]:cq[b + 1]]
+            same = (got == alone_out) | (got.isnan() & ~alone_out.isnan())
+            others = [h for h in range(got.shape[1]) if h != 3]
+            assert same.all() and not got[:, others].isnan().any(), "the bf16 leak went further"
+            assert torch.equal(lse[cq[b]:cq[b + 1]], alone_lse)
+            continue
         assert torch.equal(out[cq[b]:cq[b + 1]], alone_out), (
             f"{mode}: sequence {b}'s output changed by {poison} in sequence 1's {where} "
             f"({int(out[cq[b]:cq[b + 1]].isnan().sum())} NaN)")
