@@ -19,9 +19,10 @@ READERS = {
     "MLA_PLUGINS_SHIM": mla_plugins.shim_enabled,
     "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": settings.cpu_chunked_prefill_requested,
     "MLA_PLUGINS_GLUON": settings.gluon_enabled,
+    "MLA_PLUGINS_FP8_ROTATE": settings.fp8_rotate_enabled,
 }
 DEFAULTS = {"MLA_PLUGINS_FP8": False, "MLA_PLUGINS_SHIM": True, "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
-            "MLA_PLUGINS_GLUON": True}
+            "MLA_PLUGINS_GLUON": True, "MLA_PLUGINS_FP8_ROTATE": False}
 
 
 @pytest.fixture(autouse=True)
