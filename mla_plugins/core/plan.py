@@ -60,6 +60,7 @@ from .validation import (
     check_device,
     check_partial_rows,
     check_plan_param,
+    check_plan_tiles,
     check_tensor,
 )
 
@@ -223,6 +224,7 @@ def build_core_plan(request, *, kernel: str, tile_q: int = 256, kv_granularity: 
     num_heads, causal = request.num_heads, request.causal
     cq, ck = request.seqlens_host
     batch = len(cq) - 1
+    check_plan_tiles(cq, tile_q)  # before the walk below, which is linear in the tiles
 
     # (batch, qo_start, qo_end, k_start, eff_kv, units, kv_offset) per tile
     tiles: list[tuple[int, int, int, int, int, int, int]] = []

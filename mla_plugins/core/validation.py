@@ -17,6 +17,14 @@ MAX_TILE_Q = 1 << 20
 MAX_KV_GRANULARITY = 1 << 20
 MAX_NUM_HEADS = (1 << 15) - 1  # head ranges pack two 16-bit head indices into one int32
 PLAN_MAXIMA = {"tile_q": MAX_TILE_Q, "kv_granularity": MAX_KV_GRANULARITY, "num_workers": MAX_NUM_WORKERS}
+#: Query tiles one plan may hold: a bound on the planner's host work, not an int32 limit.
+#: The planner walks every tile in Python (about 6 us each on one CPU core, and a work item
+#: of 8 int32 per tile and cluster), so 2**31 - 1 query tokens (8.4M tiles of 256 rows)
+#: would spend minutes and gigabytes before failing or running. 2**19 tiles (134M query rows
+#: at tile_q=256, 34M at 64; about 5 s and 400 MB to plan) lie far past any batch a GPU
+#: holds: at 16 heads of 192 bf16 values their q alone is 825 GB (at 256) or 206 GB (at 64).
+#: The plan's int32 fields (offsets, partial rows, work items) do not overflow before that.
+MAX_PLAN_TILES = 1 << 19
 
 
 def check_positive_int(name: str, value, *, maximum: int | None = None) -> None:
@@ -194,6 +202,20 @@ def offsets_tensor(name: str, value, host: list[int], device: torch.device) -> t
 def check_plan_param(name: str, value) -> None:
     """tile_q, kv_granularity or num_workers: a positive int within PLAN_MAXIMA."""
     check_positive_int(name, value, maximum=PLAN_MAXIMA[name])
+
+
+def check_plan_tiles(cu_seqlens_q: list[int], tile_q: int) -> int:
+    """The query tiles of a plan (host offsets, checked), at most MAX_PLAN_TILES: counted
+    per sequence in O(batch) before the planner walks them."""
+    tiles = sum(-(-(b - a) // tile_q) for a, b in zip(cu_seqlens_q, cu_seqlens_q[1:], strict=False))
+    if tiles > MAX_PLAN_TILES:
+        raise ValueError(
+            f"cu_seqlens_q: found {cu_seqlens_q[-1]} query tokens in {len(cu_seqlens_q) - 1} "
+            f"sequences, {tiles} tiles of tile_q={tile_q} rows, expected at most "
+            f"{MAX_PLAN_TILES} tiles per plan (MAX_PLAN_TILES: the host planner walks every "
+            "tile); plan the batch in parts, or pass a larger tile_q"
+        )
+    return tiles
 
 
 def check_partial_rows(num_pieces: int, tile_q: int) -> None:

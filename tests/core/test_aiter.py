@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forkserver
 from tests.fakes import fake_aiter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +93,7 @@ def pretend_gfx950():
 
 
 def run_fresh(tmp_path, variant, code, **env_extra):
-    """Run `code` in a new interpreter that sees the fake `aiter` of `variant` (or none)."""
+    """Run `code` in a new process that sees the fake `aiter` of `variant` (or none)."""
     env = dict(os.environ)
     for name in ("AITER_TRITON_ONLY", "AITER_AOT_IMPORT", "FAKE_AITER_CU_COUNT"):
         env.pop(name, None)
@@ -102,8 +103,9 @@ def run_fresh(tmp_path, variant, code, **env_extra):
         paths.insert(0, str(fake_aiter.write_package(tmp_path / "site", variant)))
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     script = PRELUDE + textwrap.dedent(code) + "\nprint('RESULT' + json.dumps(result))\n"
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          timeout=600)
+    # a new process, forked from one that has imported torch only (tests/forkserver.py), with
+    # PYTHONPATH's new entries first on its sys.path, as at an interpreter's start
+    proc = forkserver.run(script, env=env, cwd=os.getcwd(), path=paths, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])

@@ -82,7 +82,7 @@ PREFILL_SPOILERS = {
         lambda a: a["cu_seqlens_k"][:1], lambda a: {"offsets": 1},
     ],
     "softmax_scale": [lambda a: -1.0, lambda a: float("nan"), lambda a: float("inf"), lambda a: 0.0,
-                      lambda a: "0.1", lambda a: True],
+                      lambda a: "0.1", lambda a: True, lambda a: 10**400, lambda a: -(10**400)],
     "causal": [lambda a: 1, lambda a: "yes", lambda a: 0.5],
     "fp8": [lambda a: 1, lambda a: "yes"],
     "out": [
@@ -118,6 +118,29 @@ def test_prefill_bad_inputs_name_the_argument(spoiler, lens, heads):
         kwargs[arg] = value
     positional = [args[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")]
     assert_names(lambda: mla_plugins.mla_prefill(*positional, **kwargs), arg)
+
+
+@pytest.mark.parametrize("scale", [10**400, -(10**400), 10**5000, 2**1024],
+                         ids=["1e400", "-1e400", "1e5000", "2**1024"])
+@pytest.mark.parametrize("planned", [False, True], ids=["offsets", "plan"])
+def test_softmax_scale_past_the_float_range_is_a_value_error(scale, planned):
+    """An int too large for a float (math.isfinite(10**400) raises OverflowError) is refused
+    like any other bad scale: a ValueError naming softmax_scale, without printing the int
+    (10**5000 has more digits than Python converts to text by default)."""
+    args = prefill_args([5, 7], 2)
+    if planned:
+        plan = mla_plugins.plan_prefill(args["cu_seqlens_q"], args["cu_seqlens_k"], num_heads=2, fp8=False)
+        mla_plugins.mla_prefill(args["q"], args["k"], args["v"], plan=plan)  # memoizes the call
+        call = lambda: mla_plugins.mla_prefill(args["q"], args["k"], args["v"], plan=plan, softmax_scale=scale)
+    else:
+        call = lambda: mla_plugins.mla_prefill(*(args[n] for n in ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")),
+                                               fp8=False, softmax_scale=scale)
+    with within(), pytest.raises(ValueError) as err:
+        call()
+    assert not isinstance(err.value, OverflowError)
+    text = str(err.value)
+    assert text.startswith("softmax_scale: found an int of ") and "expected a finite float > 0" in text, text
+    assert f"{scale.bit_length()} bits" in text and len(text) < 200, text
 
 
 # -- mla_reduce ----------------------------------------------------------------------------
@@ -262,6 +285,39 @@ def test_plan_partial_rows_stay_in_int32():
     offsets = [0, 2**21, 2**22]
     assert_names(lambda: mla_plugins.plan_prefill(offsets, offsets, num_heads=1, tile_q=2**20,
                                                   num_workers=4096, kernel="torch"), "tile_q")
+
+
+def test_plan_of_int32_max_tokens_is_refused_at_once():
+    """2**31 - 1 query tokens (valid int32 offsets) are 8.4M tiles of 256 rows: the planner
+    walked them in Python for minutes. Refused before the walk, naming the tile bound."""
+    from mla_plugins.core.validation import MAX_PLAN_TILES
+
+    n = 2**31 - 1
+    with within(1.0):
+        text = assert_names(lambda: mla_plugins.plan_prefill([0, n], [0, n], num_heads=16), "cu_seqlens_q")
+    assert f"found {n} query tokens in 1 sequences, {-(-n // 256)} tiles of tile_q=256 rows" in text, text
+    assert f"expected at most {MAX_PLAN_TILES} tiles per plan" in text, text
+
+
+def test_plan_tile_bound_counts_tiles_not_tokens():
+    """The same 2**31 - 1 tokens in tiles of 2**20 rows are 2048 tiles: planned, quickly."""
+    n = 2**31 - 1
+    with within():
+        plan = mla_plugins.plan_prefill([0, n], [0, n], num_heads=16, tile_q=2**20, kernel="torch")
+    assert plan.num_tiles == 2048 and plan.total_q == n
+
+
+def test_plan_tile_bound_is_exact(monkeypatch):
+    """MAX_PLAN_TILES tiles are planned, one more is refused (the bound lowered to 5 here)."""
+    from mla_plugins.core import validation
+
+    monkeypatch.setattr(validation, "MAX_PLAN_TILES", 5)
+    ok = [0, 256, 256 + 2 * 256, 256 + 2 * 256 + 1, 256 + 2 * 256 + 1 + 255]  # 1 + 2 + 1 + 1 tiles
+    assert mla_plugins.plan_prefill(ok, ok, num_heads=2, kernel="torch").num_tiles == 5
+    over = ok + [ok[-1] + 1]
+    text = assert_names(lambda: mla_plugins.plan_prefill(over, over, num_heads=2, kernel="torch"),
+                        "cu_seqlens_q")
+    assert "6 tiles of tile_q=256 rows, expected at most 5 tiles per plan" in text, text
 
 
 # -- available_kernels / unsupported_reasons -----------------------------------------------

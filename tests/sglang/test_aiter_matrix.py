@@ -1,5 +1,6 @@
 """The SGLang x AITER matrix: the installed SGLang release's real FP8 MLA prefill, per AITER
-convention, without and with mla-plugins, each cell in a fresh process.
+convention, without and with mla-plugins, each cell in a fresh process (forked from one that
+has imported torch only: tests/forkserver.py).
 
 Release under test: whatever this environment has (`sglang` session: 0.5.23; `sglang_older`:
 0.5.14, then 0.5.15; MLA_PLUGINS_EXPECT_SGLANG names it, so a session that installed the
@@ -29,13 +30,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests import forkserver
 from tests.fakes import fake_aiter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,10 +221,11 @@ def run_cell(tmp_path, variant, mode, case, **env):
     fake_aiter.write_package(dest, variant)
     _complete_for_sglang(dest)
     pythonpath = os.pathsep.join([str(dest), str(REPO), os.environ.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", CELL, str(dest), mode, json.dumps(case)], cwd=REPO,
-        env={**os.environ, "PYTHONPATH": pythonpath, "SGLANG_PLUGINS": "mla_plugins", **env},
-        capture_output=True, text=True, timeout=600)
+    # a fresh process per cell, forked from one that has imported torch only; PYTHONPATH's
+    # new leading entries go first on its sys.path, as at an interpreter's start
+    proc = forkserver.run(
+        CELL, argv=[str(dest), mode, json.dumps(case)], cwd=REPO, path=[str(dest), str(REPO)],
+        env={**os.environ, "PYTHONPATH": pythonpath, "SGLANG_PLUGINS": "mla_plugins", **env}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     r["stderr"] = proc.stderr

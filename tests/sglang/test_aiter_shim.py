@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
+from tests import forkserver
 from tests.fakes import fake_aiter
 from tests.sglang.test_aiter_matrix import REPO, _complete_for_sglang
 
@@ -45,9 +44,10 @@ def run(tmp_path, variant, complete=True, **env):
     if complete:
         _complete_for_sglang(dest)
     pythonpath = os.pathsep.join([str(dest), str(REPO), os.environ.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": pythonpath, "SGLANG_PLUGINS": "mla_plugins",
-                               **env}, timeout=600)
+    # a fresh process, forked from one that has imported torch only (tests/forkserver.py)
+    proc = forkserver.run(SCRIPT, cwd=REPO, path=[str(dest), str(REPO)],
+                          env={**os.environ, "PYTHONPATH": pythonpath, "SGLANG_PLUGINS": "mla_plugins", **env},
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     r["log"] = [ln for ln in proc.stderr.splitlines() if ln.startswith("LOG mla_plugins.sglang.shim")]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests import forkserver
 
 BODY = """
 import json
@@ -28,8 +28,8 @@ print(json.dumps({"registered": "mla_plugins" in ATTENTION_BACKENDS,
 def _run(**env):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLA_PLUGINS_")}
     full_env.update(env, SGLANG_PLUGINS="")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(BODY)], env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    # a fresh process, forked from one that has imported torch only (tests/forkserver.py)
+    proc = forkserver.run(textwrap.dedent(BODY), env=full_env, cwd=os.getcwd(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
@@ -75,8 +75,7 @@ def test_aiter_failures_do_not_stop_sglang(variant, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLA_PLUGINS_")}
     env.update(SGLANG_PLUGINS="", PYTHONPATH=os.pathsep.join(
         [str(site), repo, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(AITER_BODY)], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=repo)
+    proc = forkserver.run(textwrap.dedent(AITER_BODY), env=env, cwd=repo, path=[str(site), repo], timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["registered"], proc.stderr[-4000:]

