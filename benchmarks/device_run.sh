@@ -13,7 +13,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench or variants"}
+stage=${1:?"stage: check, bench, final or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -40,6 +40,16 @@ case "$stage" in
         python3 benchmarks/prefill.py --out "$out/h200.json" \
             --dispatch-out mla_plugins/core/dispatch_h200.json 2>&1 | tee "$out/prefill.log" || status=1
         cp mla_plugins/core/dispatch_h200.json "$out/" || status=1
+        ;;
+    final)
+        # the benchmark (bounded), then the GPU tests with what is left of the call
+        timeout 430 python3 benchmarks/prefill.py --out "$out/h200.json" \
+            --dispatch-out mla_plugins/core/dispatch_h200.json > "$out/prefill.log" 2>&1 || status=1
+        cp mla_plugins/core/dispatch_h200.json "$out/" 2>/dev/null
+        tail -45 "$out/prefill.log"
+        timeout 120 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
+            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1
+        tail -25 "$out/gpu-tests.log"
         ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \

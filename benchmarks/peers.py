@@ -71,10 +71,10 @@ def fa3_fp8_e2e_peer(q, k, v, cq, ck, max_q, max_k, scale, batch, heads, *, quan
     fa = fa3()
     state = {}
     if quant == "triton":
-        from mla_plugins.core.kernels import triton_quant as tq
+        from mla_plugins.core.kernels import triton_heads as th
 
-        fn = tq.quantize_heads
-        splits = tq.head_splits(max(max_q, max_k), batch, heads,
+        fn = th.quantize_heads
+        splits = th.head_splits(max(max_q, max_k), batch, heads,
                                 torch.cuda.get_device_properties(q.device).multi_processor_count)
         out = (torch.empty(q.shape, dtype=F8, device=q.device), torch.empty(k.shape, dtype=F8, device=q.device),
                torch.empty(v.shape, dtype=F8, device=q.device),

@@ -616,6 +616,8 @@ def main_bench(args):
         row = shape_row(name, lq, lk, heads, device, gemm)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        result["shapes"] = rows
+        _save(result, args.out)  # what is measured survives a call cut short
         torch.cuda.empty_cache()
     result["shapes"] = rows
     if args.dispatch_out:
@@ -636,16 +638,24 @@ def main_bench(args):
                               "auto_fp8_graph_tflops": row.get("auto_fp8_graph_tflops"),
                               "auto_bf16_graph_tflops": row.get("auto_bf16_graph_tflops")}), flush=True)
             torch.cuda.empty_cache()
+    _save(result, args.out)
     if not args.no_accuracy:
         from accuracy import accuracy_section
 
         result["accuracy"] = accuracy_section(device)
+        _save(result, args.out)
     if not args.no_serving:
         result["serving"] = _serving()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print_table(result)
+
+
+def _save(result, path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def write_dispatch(result, path):

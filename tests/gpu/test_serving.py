@@ -42,7 +42,7 @@ def check(out, lse, q, k, v, plan, fp8):
 def test_replayed_calls_match_float64(case, fp8, device):
     """The first call records its launches, the next ones replay them on new tensors."""
     lens_q, lens_k, heads = CASES[case]
-    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), num_heads=heads,
+    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), kernel="triton", num_heads=heads,
                                     device=device, fp8=fp8)
     assert plan.kernel == "triton"
     for _ in range(3):
@@ -61,7 +61,7 @@ def test_replayed_calls_match_float64(case, fp8, device):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_call_with_plan_reads_nothing_back_and_allocates_nothing(fp8, device):
     lens_q, lens_k, heads = CASES["varlen-prefix"]
-    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), num_heads=heads,
+    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), kernel="triton", num_heads=heads,
                                     device=device, fp8=fp8)
     q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, device=device)
     out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
@@ -101,7 +101,7 @@ def test_call_without_plan_reads_offsets_once(device, monkeypatch):
 def test_cuda_graph_replay_on_new_values(case, fp8, device):
     """Captured once, replayed on new q/k/v values: equal to float64 on those values."""
     lens_q, lens_k, heads = CASES[case]
-    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), num_heads=heads,
+    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), kernel="triton", num_heads=heads,
                                     device=device, fp8=fp8)
     q, k, v, _, _ = random_batch(lens_q, lens_k, heads, device=device)
     out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
@@ -128,7 +128,7 @@ def test_cuda_graph_replay_on_new_values(case, fp8, device):
 
 def test_replay_off_gives_the_same_result(device):
     lens_q, lens_k, heads = CASES["split"]
-    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), num_heads=heads, device=device,
+    plan = mla_plugins.plan_prefill(offsets(lens_q), offsets(lens_k), kernel="triton", num_heads=heads, device=device,
                                     fp8=True)
     q, k, v, _, _ = random_batch(lens_q, lens_k, heads, device=device)
     for _ in range(2):

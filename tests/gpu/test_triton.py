@@ -76,7 +76,7 @@ def test_matches_float64(case, heads, causal, fp8, split, device):
     plan = None
     if split:
         # tile_q 256 (two programs per tile), many workers: tiles cut into pieces, then reduced
-        plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=causal, tile_q=256,
+        plan = mla_plugins.plan_prefill(cq, ck, kernel="triton", num_heads=heads, causal=causal, tile_q=256,
                                         kv_granularity=128, num_workers=heads * 7)
     out, lse = run_triton(q, k, v, cq, ck, causal=causal, fp8=fp8, plan=plan)
     check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
@@ -103,7 +103,7 @@ def test_split_long_prefix(fp8, device):
     inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
     params = kernel.plan_params(inputs)
     assert params["num_workers"] > 1, params
-    plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=True, **params)
+    plan = mla_plugins.plan_prefill(cq, ck, kernel="triton", num_heads=2, causal=True, **params)
     assert plan.num_partial_tiles > 0
     ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True)
     out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=fp8)
@@ -340,7 +340,7 @@ def test_fp8_bad_values_stay_in_their_sequence(split, rotate, device):
     def run(q, k, v, cq, ck):
         plan = None
         if workers:
-            plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, tile_q=128, kv_granularity=128,
+            plan = mla_plugins.plan_prefill(cq, ck, kernel="triton", num_heads=heads, tile_q=128, kv_granularity=128,
                                             num_workers=workers)
         out = poisoned((q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device)
         _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, causal=True, fp8=True, out=out,

@@ -78,7 +78,7 @@ def sync_debug(monkeypatch):
 def _warm_up(device, fp8):
     """What vLLM's warm-up leaves behind before the gate flips: compiled kernels, a sized
     workspace (the adapter reserves it at construction)."""
-    plan = mla_plugins.plan_prefill(offsets(LENS_Q), offsets(LENS_K), num_heads=HEADS,
+    plan = mla_plugins.plan_prefill(offsets(LENS_Q), offsets(LENS_K), kernel="triton", num_heads=HEADS,
                                     device=device, fp8=fp8)
     mla_plugins.reserve_workspace(device, plan.workspace_bytes)
     q, k, v, _, _ = random_batch(LENS_Q, LENS_K, HEADS, device=device)
@@ -101,7 +101,7 @@ def test_planned_layers_pass_vllms_sync_check(sync_debug, fp8, device):
     def execute_model():
         # prepare_metadata: the batch's plan from host offsets, its H2D copy allowed
         with sync_debug.gpu_sync_allowed():
-            plan = mla_plugins.plan_prefill(offsets(LENS_Q), offsets(LENS_K), num_heads=HEADS,
+            plan = mla_plugins.plan_prefill(offsets(LENS_Q), offsets(LENS_K), kernel="triton", num_heads=HEADS,
                                             device=device, fp8=fp8)
         for layer in range(LAYERS):
             q, k, v = inputs[layer % len(inputs)]
