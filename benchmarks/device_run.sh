@@ -51,6 +51,16 @@ case "$stage" in
             -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1
         tail -25 "$out/gpu-tests.log"
         ;;
+    auto)
+        # kernel='auto' with the committed table and defaults, beside the FA3 peers it is
+        # measured against, then the GPU tests the last change touched
+        timeout 150 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
+            > "$out/prefill-auto.log" 2>&1 || status=1
+        tail -12 "$out/prefill-auto.log"
+        timeout 50 python3 -m pytest tests/gpu/test_triton.py -k "auto_picks or rotated" \
+            tests/gpu/test_flash_attn_gpu.py -q -p no:cacheprovider > "$out/gpu-tests-auto.log" 2>&1
+        tail -6 "$out/gpu-tests-auto.log"
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1

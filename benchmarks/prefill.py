@@ -519,6 +519,20 @@ def shape_row(name, lq, lk, heads, device, gemm, only_auto=False):
                 traceback.print_exc()
     row["auto_kernel"] = row.get("auto_fp8_kernel")
     if only_auto:
+        # the peers the goals divide by, in the same run
+        import peers
+
+        max_q, max_k = max(lq), max(lk)
+        for key, make in (
+                ("fa3_fp8_e2e", lambda: peers.fa3_fp8_e2e_peer(q, k, v, cq, ck, max_q, max_k, scale,
+                                                               len(lq), heads)),
+                ("fa3_bf16", lambda: peers.fa3_peer(q, k, v, cq, ck, max_q, max_k, scale))):
+            try:
+                run, res = make()
+                record(key, run, res)
+            except Exception as exc:
+                row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        ratios(row, gemm)
         return row
     # the FA3 provider with FA3's own split heuristic (num_splits=0) instead of no split
     from mla_plugins.core.kernels import flash_attn as fa_mod
@@ -652,17 +666,55 @@ def main_bench(args):
     print_table(result)
 
 
+def plain_fp8(row) -> dict:
+    """"flash_attn:fp8-plain": the FA3 provider's fp8 without the rotation is the same
+    computation as the FA3 FP8 e2e peer (triton_heads.quantize_heads with rotate=False, then
+    FA3's fp8 forward): its GPU time, measured in the same run."""
+    ms = row.get("fa3_fp8_e2e_graph_ms")
+    return {"flash_attn:fp8-plain": ms * 1e3} if ms else {}
+
+
 def _save(result, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
 
 
+def auto_only(args):
+    """--auto-only: what a framework gets on this tree with the committed table, beside FA3."""
+    device = torch.device("cuda")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from mla_plugins.core import dispatch
+
+    result = {"env": environment(), "command": "PYTHONPATH=. python benchmarks/prefill.py "
+              + " ".join(sys.argv[1:]), "fp8_rotate_default": _rotate_default(),
+              "table": (dispatch.table_for(device) or dispatch.Table("none", "none", ())).source}
+    rows = []
+    for name, lq, lk, heads in SHAPES:
+        rows.append(shape_row(name, lq, lk, heads, device, None, only_auto=True))
+        print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_ms")}), flush=True)
+        result["shapes"] = rows
+        _save(result, args.out)
+        torch.cuda.empty_cache()
+    for r in rows:
+        print(f"{r['shape']:>26} {str(r.get('auto_kernel')):>20} "
+              + " ".join(f"{k}={r.get(k) or 0:.2f}" for k in (
+                  "auto_fp8_vs_fa3_fp8_e2e", "auto_fp8_vs_fa3_bf16", "auto_bf16_vs_fa3_bf16",
+                  "err_auto_fp8", "err_auto_bf16")))
+
+
+def _rotate_default() -> bool:
+    from mla_plugins.core.fp8 import rotation_applies
+
+    return rotation_applies(DQK, None)
+
+
 def write_dispatch(result, path):
     """The dispatch table kernel='auto' reads (mla_plugins/core/dispatch.py): each shape's
     work, mean query length and the GPU time of every measured (kernel, mode)."""
     entries = [{"shape": r["shape"], "work": r["work"], "mean_q": r["mean_q"],
-                "gpu_us": r["dispatch_gpu_us"]} for r in result["shapes"] if r.get("dispatch_gpu_us")]
+                "gpu_us": {**r["dispatch_gpu_us"], **plain_fp8(r)}}
+               for r in result["shapes"] if r.get("dispatch_gpu_us")]
     table = {"device": result["env"]["gpu"], "capability": list(torch.cuda.get_device_capability()),
              "source": "benchmarks/results/h200.json (benchmarks/prefill.py --dispatch-out)",
              "command": result["command"], "entries": entries}
@@ -739,6 +791,9 @@ def main():
                     help="also write the dispatch table kernel='auto' reads (e.g. "
                          "mla_plugins/core/dispatch_h200.json)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy section")
+    ap.add_argument("--auto-only", action="store_true",
+                    help="kernel='auto' (fp8, bf16) and the FA3 peers its goals divide by, every "
+                         "shape, with the committed dispatch table")
     ap.add_argument("--no-serving", action="store_true", help="skip the serving section")
     ap.add_argument("--serving-only", action="store_true",
                     help="only the 'serving' section (benchmarks/serving.py), merged into --out")
@@ -755,7 +810,8 @@ def main():
             json.dump(result, f, indent=1)
         return
     try:
-        (sweep if args.sweep else variants if args.variants else main_bench)(args)
+        (sweep if args.sweep else variants if args.variants else auto_only if args.auto_only
+         else main_bench)(args)
     except Exception:
         traceback.print_exc()
         raise

@@ -364,7 +364,7 @@ def mla_prefill(
     return_lse=True. Rows that see no key: 0 and -inf.
     fp8_rotate: in fp8, multiply q and k by core/fp8.py's orthonormal rotation before the cast
     (the same logits; outlier features no longer dominate the rounding). None:
-    MLA_PLUGINS_FP8_ROTATE (default on) for a 192-wide query/key head.
+    MLA_PLUGINS_FP8_ROTATE (default off: its measured cost, README) for a 192-wide query/key head.
     """
     if plan is not None and type(plan) is PrefillPlan and (
             kernel == "auto" or kernel == plan.kernel):

@@ -6,7 +6,8 @@ exists for the device's architecture (today: Hopper, `dispatch_h200.json`, writt
 `benchmarks/prefill.py --dispatch-out`), the choice is the variant that measured fastest on
 the measured shape nearest to the batch, nearest in log2 of its work (visible (query, key)
 pairs times heads, the quantity every kernel's time grows with) and then in its mean query
-length. A variant is (kernel, mode): an fp8 request may run in bf16 where bf16 measured
+length. A variant is (kernel, mode), fp8 measured with and without the rotation of q and k
+(`fp8`, `fp8-plain`): an fp8 request may run in bf16 where bf16 measured
 faster (short batches, where quantizing costs more than it saves; bf16 is more accurate
 too); a bf16 request never runs in fp8. Without a table, or where the table measured none of
 the candidates, the order is the kernels' priority. A pinned kernel never comes here.
@@ -108,11 +109,20 @@ def batch_work(cu_q, cu_k, heads: int, causal: bool) -> tuple[float, float]:
     return float(pairs * heads), (rows / seqs if seqs else 0.0)
 
 
+def mode_keys(fp8: bool, rotate: bool) -> tuple[str, ...]:
+    """The table's keys for a mode, best first: "bf16"; fp8 with the rotation "fp8"; fp8
+    without it "fp8-plain", else "fp8" (the rotated time bounds the plain one from above)."""
+    if not fp8:
+        return ("bf16",)
+    return ("fp8",) if rotate else ("fp8-plain", "fp8")
+
+
 def rank(table: Table | None, cu_q, cu_k, heads: int, causal: bool,
-         variants: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+         variants: list[tuple[str, bool]], rotate: bool = True) -> list[tuple[str, bool]]:
     """`variants` [(kernel name, fp8)] fastest first by the table's nearest entry; the given
     order (priority) where the table has nothing to say. Variants the entry did not measure
-    keep their priority order after the measured ones."""
+    keep their priority order after the measured ones. `rotate`: fp8 rotates q and k (its
+    own measured time)."""
     if table is None or len(variants) < 2:
         return variants
     work, mean_q = batch_work(cu_q, cu_k, heads, causal)
@@ -121,7 +131,8 @@ def rank(table: Table | None, cu_q, cu_k, heads: int, causal: bool,
         return variants
     def key(item):
         index, (name, fp8) = item
-        t = entry.gpu_us.get(f"{name}:{'fp8' if fp8 else 'bf16'}")
+        t = next((entry.gpu_us[f"{name}:{m}"] for m in mode_keys(fp8, rotate)
+                  if f"{name}:{m}" in entry.gpu_us), None)
         return (0, t, index) if t is not None else (1, 0.0, index)
     ranked = [v for _, v in sorted(enumerate(variants), key=key)]
     return ranked

@@ -24,7 +24,7 @@ Per (sequence, head) (`head_quantize`: the FlashAttention-3 provider, whose FP8 
 one descale per (sequence, head), `[batch, heads]`): the block rule with one block per
 sequence. It couples no two requests either.
 
-Rotation (incoherent processing, `fp8_rotate`, on by default for a 192-wide query/key
+Rotation (incoherent processing, `fp8_rotate`, off by default, for a 192-wide query/key
 head): before the cast, q and k are multiplied by the same fixed orthonormal matrix
 R = diag(signs) (H12 ⊗ H16) / sqrt(192) (Paley's Hadamard matrix of order 12 times
 Sylvester's of order 16: every entry is ±1/sqrt(192)). q R (k R)^T = q k^T, so every logit,
@@ -115,7 +115,7 @@ def l1_bound(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotation_applies(head_dim_qk: int, fp8_rotate: bool | None) -> bool:
-    """Whether q and k are rotated: `fp8_rotate` (None: MLA_PLUGINS_FP8_ROTATE, default on),
+    """Whether q and k are rotated: `fp8_rotate` (None: MLA_PLUGINS_FP8_ROTATE, default off),
     for the 192-wide head the rotation is defined for. An explicit True with another head
     width raises ValueError naming the argument."""
     if fp8_rotate is None:

@@ -214,7 +214,11 @@ class KernelRegistry:
                     plain = replace(inputs, fp8=False)
                     variants += [(k.name, False) for k in self.kernels()
                                  if not (self.reasons(k, plain) or self.auto_reasons(k, plain))]
-                best = rank(table, *seqlens, inputs.num_heads, inputs.causal, variants)[0]
+                from .fp8 import rotation_applies
+
+                rotate = (inputs.fp8_rotate if inputs.op == "prefill"
+                          else rotation_applies(inputs.head_dim_qk, None))
+                best = rank(table, *seqlens, inputs.num_heads, inputs.causal, variants, rotate)[0]
                 chosen, mode = self.get(best[0]), best[1]
         self._log_choice(inputs, chosen, rejected, mode)
         return chosen, mode

@@ -435,13 +435,16 @@ def test_reduce_without_final_map(device):
 
 
 def test_auto_picks_triton_on_cuda(device):
+    """auto takes the Triton provider on a GPU, unless a FlashAttention-3 is present (then
+    the FA3 provider comes first, and the measured table may still pick either)."""
     q, k, v, cq, ck = random_batch([64], [64], 2, device=device)
     inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
     chosen = mla_plugins.core.registry.get_registry().select(inputs, "auto")
     info = {i.name: i for i in mla_plugins.available_kernels(device)}
     assert info["triton"].available, info["triton"].reasons
     if not torch.version.hip:
-        assert chosen.name == "triton"
+        expected = {"triton", "flash_attn"} if info["flash_attn"].available else {"triton"}
+        assert chosen.name in expected, (chosen.name, info["flash_attn"].reasons)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])

@@ -146,7 +146,7 @@ def test_block_scales_follow_the_rule(block):
 def test_torch_kernel_matches_fp8_reference(rotation):
     """The torch kernel and the float64 reference quantize alike: far closer to each other
     than either is to unquantized attention (`rotate` None: MLA_PLUGINS_FP8_ROTATE's default,
-    on, as fp8.rotation_applies resolves it)."""
+    as fp8.rotation_applies resolves it)."""
     q, k, v, cq, ck = random_batch([1, 200, 257], [129, 700, 513], 4)
     out, _ = _run("torch", q, k, v, cq, ck, torch.bfloat16, rotation)
     ref8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8,
