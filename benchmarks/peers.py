@@ -98,6 +98,18 @@ def fa3_fp8_e2e_peer(q, k, v, cq, ck, max_q, max_k, scale, batch, heads, *, quan
     return run, lambda: state["o"]
 
 
+def _build(g, device) -> torch.Tensor:
+    """Validate and plan a cuDNN frontend graph (heuristics A, then the fallback); its workspace."""
+    import cudnn
+
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    return torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=device)
+
+
 def _uniform(lens_q, lens_k):
     if len(set(lens_q)) != 1 or len(set(lens_k)) != 1:
         raise ValueError("uniform batches only")
@@ -121,12 +133,7 @@ def cudnn_bf16_peer(q, k, v, lens_q, lens_k, heads, scale):
     to, _stats = g.sdpa(q=tq_, k=tk_, v=tv_, is_inference=True, attn_scale=scale,
                         use_causal_mask=sq == sk, use_causal_mask_bottom_right=sq != sk)
     to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride()))
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
-    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=q.device)
+    ws = _build(g, q.device)
     pack = {tq_: qs, tk_: ks, tv_: vs, to: o}
 
     def run():
@@ -174,12 +181,7 @@ def cudnn_fp8_peer(q, k, v, lens_q, lens_k, heads, scale, quantized=None):
     amaxes = [amax_s, amax_o][: len(rest)]
     for t in rest:
         t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
-    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=q.device)
+    ws = _build(g, q.device)
     pack = {tq_: q8, tk_: k8, tv_: v8, o: o8, sc["ds"]: one, sc["ss"]: one, sc["so"]: one,
             sc["dq"]: desc["dq"], sc["dk"]: desc["dk"], sc["dv"]: desc["dv"]}
     pack.update(dict(zip(rest, amaxes, strict=False)))

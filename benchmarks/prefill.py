@@ -494,6 +494,13 @@ def shape_row(name, lq, lk, heads, device, gemm, only_auto=False):
             row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             traceback.print_exc()
 
+    def peer(key, make):
+        try:
+            run, res = make()
+            record(key, run, res)
+        except Exception as exc:
+            row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
     # ours through the public API, a plan per batch, as the adapters call it
     variants = (("auto_fp8", "auto", True), ("auto_bf16", "auto", False),
                 ("ours_fp8", "triton", True), ("ours_bf16", "triton", False),
@@ -527,11 +534,7 @@ def shape_row(name, lq, lk, heads, device, gemm, only_auto=False):
                 ("fa3_fp8_e2e", lambda: peers.fa3_fp8_e2e_peer(q, k, v, cq, ck, max_q, max_k, scale,
                                                                len(lq), heads)),
                 ("fa3_bf16", lambda: peers.fa3_peer(q, k, v, cq, ck, max_q, max_k, scale))):
-            try:
-                run, res = make()
-                record(key, run, res)
-            except Exception as exc:
-                row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            peer(key, make)
         ratios(row, gemm)
         return row
     # the FA3 provider with FA3's own split heuristic (num_splits=0) instead of no split
@@ -579,11 +582,7 @@ def shape_row(name, lq, lk, heads, device, gemm, only_auto=False):
     for key, make in (("cudnn_bf16_br", lambda: peers.cudnn_bf16_peer(q, k, v, lq, lk, heads, scale)),
                       ("cudnn_fp8", lambda: peers.cudnn_fp8_peer(q, k, v, lq, lk, heads, scale)),
                       ("sdpa_cudnn_bf16", lambda: peers.sdpa_cudnn_peer(q, k, v, lq, lk, heads))):
-        try:
-            run, res = make()
-            record(key, run, res)
-        except Exception as exc:
-            row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        peer(key, make)
 
     ratios(row, gemm)
     # the measured variants the dispatch table ranks (GPU time, µs)
