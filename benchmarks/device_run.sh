@@ -7,13 +7,15 @@
 #   bash benchmarks/device_run.sh bench   # benchmarks/prefill.py: every shape and peer, the
 #                                         # dispatch table, accuracy, serving
 #   bash benchmarks/device_run.sh variants  # the Triton provider's fp8 phase-1 variants, unit cost
+#   bash benchmarks/device_run.sh host    # FA3's host time piece by piece (host_fa3.py), then
+#                                         # every GPU test
 #
 # Each fits one 10-minute call. Wheels in .whl/ are installed first (carry .whl): fa3-fwd
 # 0.0.3 and einops (FlashAttention-3's forward, the peer and the flash_attn provider's FA3),
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final or variants"}
+stage=${1:?"stage: check, bench, final, auto, host or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -61,6 +63,14 @@ case "$stage" in
             tests/gpu/test_flash_attn_gpu.py -q -p no:cacheprovider > "$out/gpu-tests-auto.log" 2>&1
         tail -6 "$out/gpu-tests-auto.log"
         ;;
+    host)
+        timeout 200 python3 benchmarks/host_fa3.py --out "$out/h200-host-fa3.json" \
+            > "$out/host-fa3.log" 2>&1 || status=1
+        tail -12 "$out/host-fa3.log"
+        timeout 330 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
+            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
+        tail -25 "$out/gpu-tests.log"
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -68,7 +78,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host or variants)" >&2
         exit 2
         ;;
 esac

@@ -3,11 +3,14 @@
 What a layer of a serving loop pays in Python before the GPU sees a launch: the API
 (argument checks, the plan's fast path, kernel dispatch, trace), and the Triton provider's
 replay path (workspace views, the replay key) with the recorded launches replaced by a
-no-op; `--provider api`: the API alone, with a no-op kernel. Min and median of `--rounds`
+no-op; `--provider flash_attn`: the FlashAttention-3 provider with FA3's op replaced by a
+stub that returns its (out, lse) and the fp8 quantization's replay by a no-op (what our
+Python adds around FA3's own host code); `--provider api`: the API alone, with a no-op kernel. Min and median of `--rounds`
 rounds of `--calls` calls, in µs per call (min: the machine's noise least); `--profile` prints cProfile's top entries.
 
     .nox/triton/bin/python benchmarks/host_cpu.py            # triton provider (needs triton)
     .nox/core/bin/python benchmarks/host_cpu.py --provider api
+    .nox/core/bin/python benchmarks/host_cpu.py --provider flash_attn [--lse]
 """
 
 from __future__ import annotations
@@ -54,19 +57,47 @@ def _triton_kernel():
     tl.Recorder = _Recorder
     tk._ensure_wrapped = lambda: None
     torch.cuda.current_device = lambda: None  # the CPU device's index
+    torch._C._cuda_getDevice = lambda: None  # (what the provider reads; absent from CPU builds)
     kernel = tk.TritonKernel()
     kernel._run_ordinary = lambda *a, **k: None
     return kernel
 
 
+def _flash_attn_kernel(n: int, h: int):
+    """The flash_attn provider on the CPU: a usable binding whose op returns preallocated
+    (out, lse [H, T]) at once, on the fa3-fwd schema's argument positions; the fp8
+    quantization's recorded launches replaced by a no-op (as the Triton provider's above)."""
+    from mla_plugins.core.kernels import flash_attn as fa
+
+    lse_ht = torch.randn(h, n)
+
+    class _Overload:  # the schema text of fa3-fwd 0.0.3's fwd, read from its library
+        pass
+
+    names = ("q k v k_new v_new q_v out cu_seqlens_q cu_seqlens_k cu_seqlens_k_new seqused_q "
+             "seqused_k max_seqlen_q max_seqlen_k page_table kv_batch_idx leftpad_k rotary_cos "
+             "rotary_sin seqlens_rotary q_descale k_descale v_descale softmax_scale is_causal "
+             "window_size_left window_size_right attention_chunk softcap is_rotary_interleaved "
+             "scheduler_metadata num_splits pack_gqa sm_margin").split()
+    binding = fa.Binding(fa.CANDIDATES[-1], version="fa3-fwd (stub)")
+    binding.positions = {name: i for i, name in enumerate(names) if name in fa.SLOTS}
+    binding.template = tuple(fa.CONSTANTS.get(name) for name in names)
+    binding.op = lambda *args: (args[binding.positions["out"]], lse_ht, None, None)
+    fa._bindings = [binding]
+    kernel = fa.FlashAttnKernel()
+    kernel._quantize = lambda inputs, plan, scratch, token: None
+    return kernel
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--provider", choices=["triton", "api"], default="triton")
+    parser.add_argument("--provider", choices=["triton", "api", "flash_attn"], default="triton")
     parser.add_argument("--calls", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--lse", action="store_true", help="return_lse=True")
     args = parser.parse_args()
 
     n, h = args.tokens, args.heads
@@ -75,16 +106,19 @@ def main() -> None:
     v = torch.randn(n, h, 128, generator=gen).bfloat16()
     out = torch.empty(n, h, 128, dtype=torch.bfloat16)
     cu = [0, n]
-    kernel = _triton_kernel() if args.provider == "triton" else _NoopKernel()
+    kernel = {"triton": _triton_kernel, "api": _NoopKernel,
+              "flash_attn": lambda: _flash_attn_kernel(n, h)}[args.provider]()
     for fp8 in (True, False):
         plan = mla_plugins.plan_prefill(cu, cu, num_heads=h, fp8=fp8, kernel="torch")
         plan.memo["kernel"] = kernel  # what plan_prefill(kernel="triton") stores on a GPU
         object.__setattr__(plan, "kernel", kernel.name)
         plan.memo["replayable"] = True  # as on CUDA: later calls replay
+        plan.memo.setdefault("empty_rows", False)  # what FlashAttnKernel.build_plan stores
+        plan.memo.setdefault("num_splits", None)
 
         def loop(calls, plan=plan, fp8=fp8):
             for _ in range(calls):
-                mla_plugins.mla_prefill(q, k, v, plan=plan, out=out, fp8=fp8)
+                mla_plugins.mla_prefill(q, k, v, plan=plan, out=out, fp8=fp8, return_lse=args.lse)
 
         loop(10)
         rounds = []

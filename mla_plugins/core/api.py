@@ -321,8 +321,11 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
     )
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(out_shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
-    chosen.run(inputs, plan, out, lse, workspace)
+    if return_lse:
+        lse = chosen.run_with_lse(inputs, plan, out, workspace)
+    else:
+        lse = None
+        chosen.run(inputs, plan, out, None, workspace)
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=out_shape[0], k_tokens=plan.total_k,
                        heads=out_shape[1], auto_bf16=plan.auto_bf16 and given_fp8 is True)
@@ -361,7 +364,9 @@ def mla_prefill(
     workspace: uint8 [>= plan.workspace_bytes] on q's device, or None for the device's
     shared one (grown when needed, reused). Returns out [total_q, H, Dv] in q's dtype, or
     (out, lse) with lse float32 [total_q, H] (natural log) for every row when
-    return_lse=True. Rows that see no key: 0 and -inf.
+    return_lse=True (through the flash_attn provider a view of FA3's own [H, total_q]
+    tensor: `lse.t()` is contiguous, so a caller wanting that layout copies nothing).
+    Rows that see no key: 0 and -inf.
     fp8_rotate: in fp8, multiply q and k by core/fp8.py's orthonormal rotation before the cast
     (the same logits; outlier features no longer dominate the rounding). None:
     MLA_PLUGINS_FP8_ROTATE (default off: its measured cost, README) for a 192-wide query/key head.
@@ -401,8 +406,11 @@ def mla_prefill(
         inputs = replace(inputs, cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k)
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
-    chosen.run(inputs, plan, out, lse, workspace)
+    if return_lse:
+        lse = chosen.run_with_lse(inputs, plan, out, workspace)
+    else:
+        lse = None
+        chosen.run(inputs, plan, out, None, workspace)
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=q.shape[0], k_tokens=k.shape[0],
                        heads=q.shape[1], auto_bf16=given[3] is True and not inputs.fp8 and (

@@ -377,7 +377,10 @@ def backend_class():
                     fp8=self.fp8, return_lse=return_lse,
                 )
             if return_lse:
-                return result
+                out, lse = result
+                # SGLang's merge_state kernels index lse [T, H] densely; the flash_attn
+                # provider's lse is a view of FA3's [H, T] tensor (a no-op for the others)
+                return out, lse.contiguous()
             return result.view(-1, heads * dv)
 
         def forward_mixed(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -302,6 +302,15 @@ class Kernel:
                 )
             )
 
+    def run_with_lse(self, inputs: PrefillInputs, plan: PrefillPlan, out: torch.Tensor,
+                     workspace: torch.Tensor | None = None) -> torch.Tensor:
+        """`run`, returning lse float32 [total_q, H]: allocated here and written by `run`.
+        A kernel whose library hands back its own lse (FA3: [H, total_q]) overrides this to
+        return a view of it instead of copying it into a new tensor."""
+        lse = torch.empty(out.shape[:2], dtype=torch.float32, device=out.device)
+        self.run(inputs, plan, out, lse, workspace)
+        return lse
+
     def scratch(self, inputs: PrefillInputs, plan: PrefillPlan,
                 workspace: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """Views of the workspace by region name, made once per (plan, buffer, mode)."""
