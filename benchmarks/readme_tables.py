@@ -88,9 +88,24 @@ def serving_table(result: dict) -> str:
     return _table(head, rows)
 
 
+def host_table(result: dict) -> str:
+    """benchmarks/host_fa3.py's pieces of host time (µs per call)."""
+    head = ("shape", "fp8", "FA3 op (prebuilt args)", "op, num_splits 1", "op, scheduler metadata",
+            "provider", "provider, lse", "FA3 public", "GPU µs: op / provider")
+    rows = [(r["shape"], str(r["fp8"]), _f(r.get("raw_us"), 1), _f(r.get("raw_split1_us"), 1),
+             _f(r.get("raw_sched_us"), 1), _f(r.get("provider_us"), 1), _f(r.get("provider_lse_us"), 1),
+             _f(r.get("public_us"), 1),
+             f"{_f((r.get('raw_gpu_ms') or 0) * 1e3, 1)} / {_f((r.get('provider_gpu_ms') or 0) * 1e3, 1)}")
+            for r in result["rows"]]
+    return _table(head, rows)
+
+
 def main(argv: list[str]) -> int:
     path = Path(argv[1] if len(argv) > 1 else "benchmarks/results/h200.json")
     result = json.loads(path.read_text())
+    if "rows" in result:  # benchmarks/host_fa3.py's file
+        print(f"hardware: {result.get('env')}\n\n### host time through FA3\n\n{host_table(result)}")
+        return 0
     c = result.get("ceilings", {})
     print(f"hardware: {result.get('env')}")
     print(f"ceilings: FP8 GEMM {_f(c.get('fp8_gemm_tflops'))} TFLOP/s, bf16 GEMM "

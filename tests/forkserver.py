@@ -5,8 +5,10 @@ fresh process: the fake AITER registers its torch ops once per process and must 
 importable before the framework is imported, the plugins load once per process, and the
 shims bind when the framework's module is first imported. Each cell used to be a new
 interpreter (`python -c CELL`), which first imports torch (2-4 s here) before anything of
-the cell happens. Here one server process per test session imports torch, and nothing else
-of the cell's: no framework, no fake, no mla_plugins; each cell is a child forked from it
+the cell happens. Here one server process per test session imports torch and the heavy
+libraries beneath every framework (`PRELOAD`: torch's compiler stack, sympy, transformers;
+in a framework's environment only), and nothing of the cell's own: no framework, no fake, no
+mla_plugins, no aiter; each cell is a child forked from it
 (`os.fork`), with the cell's environment, argv, working directory and leading sys.path
 entries (the cell's PYTHONPATH, as at an interpreter's start), stdout and stderr to files, and its code run
 as `__main__`. So every cell still imports its framework, its fake AITER, its plugins in a
@@ -26,9 +28,25 @@ import sys
 import tempfile
 import threading
 
+#: modules the server imports after torch, where installed: what vLLM (`vllm.env_override`
+#: imports torch._inductor) and SGLang (transformers' integrations, torch.distributed.tensor)
+#: import before anything of theirs runs: 9-15 s of each cell's ~15-25 s on a 2-core machine
+#: (`python -X importtime`). None of them is a framework, a plugin, an entry point or AITER,
+#: which the cells test; the cells' asserts on sys.modules concern only those.
+PRELOAD = ("torch._dynamo", "torch._inductor", "torch.distributed.tensor", "sympy", "transformers",
+           "transformers.activations")
+
 SERVER = r"""
-import json, os, signal, sys, traceback
+import importlib, json, os, signal, sys, traceback
 import torch  # noqa: F401  the one import every cell begins with
+import importlib.util
+# only in a framework's environment (transformers beside it): the core's cells import no
+# compiler stack, and would only wait for it
+for name in sys.argv[1:] if importlib.util.find_spec("transformers") else ():
+    try:
+        importlib.import_module(name)
+    except Exception:  # not installed here
+        pass
 
 for line in sys.stdin:
     req = json.loads(line)
@@ -87,7 +105,7 @@ _server: subprocess.Popen | None = None
 def _start() -> subprocess.Popen:
     global _server
     if _server is None or _server.poll() is not None:
-        _server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
+        _server = subprocess.Popen([sys.executable, "-c", SERVER, *PRELOAD], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, bufsize=1)
         atexit.register(_server.kill)
     return _server
