@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -52,3 +55,24 @@ def vllm_config():
     from vllm.config import VllmConfig
 
     return VllmConfig()
+
+
+@pytest.fixture(scope="session")
+def demo_result(tmp_path_factory):
+    """One run of `python -m mla_plugins.demo.vllm_demo --also-tp 2 --json ...` for the whole
+    session: vLLM's real multi-process engines, the built-in prefill, ours bf16 and ours fp8
+    at one rank, then the same three at two ranks (`result["tp"]`). tests/vllm/test_engine.py
+    and test_tp.py read it (one process: one import of vLLM and one checkpoint for both)."""
+    out = tmp_path_factory.mktemp("demo") / "result.json"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "mla_plugins.demo.vllm_demo", "--also-tp", "2",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=2400, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.loads(out.read_text())
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    print(proc.stdout)  # the demo report, shown with -s / on failure
+    print(f"six engines in {result['wall_s']} s:",
+          {label: run["seconds"] for label, run in result["runs"].items()},
+          {f"{label} tp2": run["seconds"] for label, run in result["tp"]["runs"].items()})
+    return result

@@ -1,9 +1,10 @@
 """End to end: vLLM's real multi-process engine (engine core + worker, spawned) on a tiny
 random DeepSeek-V2, our prefill vs vLLM's built-in CPU prefill.
 
-One subprocess runs `python -m mla_plugins.demo.vllm_demo --json` (three engines: built-in
-bf16, ours bf16 selected by the name MLA_PLUGINS, ours fp8 selected as CUSTOM); every
-test below reads its results, so the engines start once (about a minute each here).
+One subprocess runs `python -m mla_plugins.demo.vllm_demo --also-tp 2 --json` (the
+session's `demo_result`, shared with test_tp.py; here its one-rank engines: built-in bf16,
+ours bf16 selected by the name MLA_PLUGINS, ours fp8 selected as CUSTOM); every test below
+reads its results, so the engines start once (about a minute each here).
 The trace has one line per prefill call and one "plan" line per batch the adapter planned.
 Measured 2026-12-01 on the shared 2-core machine: 514 s for the module (engines 191 / 122 /
 107 s); bf16 prompt top-1 99.4%, fp8 97.9%, generated tokens equal in both.
@@ -11,24 +12,14 @@ Measured 2026-12-01 on the shared 2-core machine: 514 s for the module (engines 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import REPO, run_python
+from .conftest import run_python
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "mla_plugins.demo.vllm_demo", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    result = json.loads(out.read_text())
-    print(proc.stdout)  # the demo report, shown with -s / on failure
-    return result
+def demo(demo_result):
+    return demo_result
 
 
 def test_builtin_run_uses_vllms_prefill_and_writes_no_trace(demo):

@@ -1,7 +1,8 @@
 """Tensor parallel: vLLM's real multi-process engine at tensor_parallel_size=2 on this CPU.
 
-One subprocess runs `python -m mla_plugins.demo.vllm_demo --tensor-parallel-size 2 --json`:
-three engines (vLLM's built-in CPU prefill bf16, ours bf16 selected by the name
+The session's one demo process (`demo_result`, tests/vllm/conftest.py: `python -m
+mla_plugins.demo.vllm_demo --also-tp 2 --json`) runs, after its one-rank engines, three
+engines at two ranks (vLLM's built-in CPU prefill bf16, ours bf16 selected by the name
 MLA_PLUGINS, ours fp8 selected as CUSTOM), each an engine core plus two worker processes
 (one rank and one core each: VLLM_CPU_OMP_THREADS_BIND="0|1"), on the tiny DeepSeek-V2
 with 4 heads, so 2 per rank. Chunked prefill at 512 tokens per batch cuts the 700- and
@@ -15,35 +16,17 @@ top-1 99.4%; fp8 tokens equal, prompt top-1 97.4% over 1866 positions.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-
 import pytest
-
-from .conftest import REPO
 
 TP = 2
 HEADS = 4
 
 
 @pytest.fixture(scope="module")
-def tp_demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tp") / "result.json"
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "mla_plugins.demo.vllm_demo", "--tensor-parallel-size", str(TP),
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=1500, cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    result = json.loads(out.read_text())
-    result["wall_s"] = round(time.perf_counter() - start, 1)
-    print(proc.stdout)  # the demo's report, with each engine's wall time (-s / on failure)
-    print(f"three TP={TP} engines in {result['wall_s']} s:",
-          {label: run["seconds"] for label, run in result["runs"].items()})
-    return result
+def tp_demo(demo_result):
+    tp = demo_result["tp"]
+    assert tp["tensor_parallel_size"] == TP
+    return dict(tp, prompt_lengths=demo_result["prompt_lengths"])
 
 
 @pytest.mark.parametrize("label", ["builtin_bf16", "ours_bf16", "ours_fp8"])
