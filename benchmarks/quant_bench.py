@@ -8,20 +8,30 @@ Variants (each with and without the rotation of q and k, core/fp8.py):
   FA3 provider's quantization), splits from head_splits.
 
 For each configuration (warps, sweeps over a key block, q blocks per program, heads per
-program): equality with the variant's default configuration on fresh random bf16 inputs
-with a NaN, an inf and irregular sequence lengths (outputs pre-filled with the same random
-bytes, so unwritten cells compare too; bit for bit for the amax rule, and printed as the
-count of differing bytes for the rotated one, whose products may sum in another order),
-then TB/s of (bytes read + bytes written) from triton.testing.do_bench, with a device copy
-of the same bytes as the ceiling. Bytes: the bf16 inputs read once and fp8 written once
-(block rule: 3 bytes an element), read twice (`heads`: 5 bytes an element), plus scales.
+program; rotated, also the rotation's implementation, `rotation="kron"` against the default
+"dense", and the Kronecker tile's rows, ROTATED_CONFIGS): equality with the variant's
+default configuration on fresh random bf16 inputs with a NaN, an inf and irregular sequence
+lengths (CHECKS; outputs pre-filled with the same random bytes, so unwritten cells compare
+too; bit for bit for the amax rule, and printed as the count of differing bytes, per output,
+for the rotated one, whose products may sum in another order: kron against dense differs
+in values at rounding ties, never in scales), then TB/s of (bytes read + bytes written)
+from triton.testing.do_bench, with a device copy of the same bytes as the ceiling. Bytes:
+the bf16 inputs read once and fp8 written once (block rule: 3 bytes an element), read twice
+(`heads`: 5 bytes an element), plus scales.
 
-    PYTHONPATH=. python benchmarks/quant_bench.py [--only kv,qkv,heads]
+    PYTHONPATH=. python benchmarks/quant_bench.py [--only kv,qkv,heads] [--rotate-only]
+
+`--rotate-only`: unrotated, only the default configuration is timed (the ceiling the
+rotated rows compare with); rotated, the default (dense) and the kron configurations, not
+the dense one's other knobs (timed by the call of 2026-12-02, benchmarks/NOTES.md). The
+dense-against-kron call: `--only heads,qkv --rotate-only` (~1-2 minutes on an H200, most
+of it compiling; the time taken is printed at the end).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import triton
@@ -39,6 +49,17 @@ CONFIGS = {
             dict(heads_per_program=2), dict(parts=1)],
     "heads": [dict(), dict(num_warps=8), dict(blocks=1), dict(blocks=4), dict(heads_per_program=2)],
 }
+#: per variant, the configurations only rotated runs add (after CONFIGS's): the Kronecker
+#: rotation (triton_quant.kron_to_fp8) with its defaults and its knobs
+ROTATED_CONFIGS = {
+    "kv": [dict(rotation="kron"), dict(rotation="kron", kron_rows=32)],
+    "qkv": [dict(rotation="kron"), dict(rotation="kron", kron_rows=32),
+            dict(rotation="kron", q_blocks=2), dict(rotation="kron", num_warps=8)],
+    "heads": [dict(rotation="kron"), dict(rotation="kron", kron_rows=32),
+              dict(rotation="kron", blocks=2), dict(rotation="kron", num_warps=8)],
+}
+#: do_bench's warmup and repetition times (ms): short, the kernels take 0.05-2 ms
+WARMUP_MS, REP_MS = 10, 50
 SHAPES = {"B8-S2048-H128": ([2048] * 8, 128), "B1-S8192-H128": ([8192], 128),
           "B16-S512-H16": ([512] * 16, 16), "B1-S16384-H16": ([16384], 16)}
 CHECKS = {"irregular H5": ([333, 0, 64, 517, 1, 15, 4096], 5),
@@ -90,8 +111,16 @@ def run(variant, rotate, q, k, v, cu, lens, out, splits, config):
 
 
 def differing_bytes(a, b):
-    return sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
-               for x, y in zip(a, b, strict=True) if x is not None)
+    """Bytes differing per output (None outputs left out)."""
+    return [int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
+            for x, y in zip(a, b, strict=True) if x is not None]
+
+
+def configs(variant, rotate, rotate_only):
+    """The configurations run for (variant, rotate); the first is the default."""
+    if not rotate:
+        return CONFIGS[variant][:1] if rotate_only else CONFIGS[variant]
+    return (CONFIGS[variant][:1] if rotate_only else CONFIGS[variant]) + ROTATED_CONFIGS[variant]
 
 
 def moved_bytes(variant, total, heads, batch, splits):
@@ -108,45 +137,59 @@ def moved_bytes(variant, total, heads, batch, splits):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="kv,qkv,heads")
+    ap.add_argument("--rotate-only", action="store_true",
+                    help="unrotated: the default configuration's timing only; rotated: the "
+                         "default (dense) and the kron configurations")
     args = ap.parse_args()
     variants = args.only.split(",")
+    unknown = sorted(set(variants) - set(CONFIGS))
+    if unknown:
+        ap.error(f"--only: found {','.join(unknown)}, expected some of {','.join(CONFIGS)}")
+    start = time.perf_counter()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}, {sms} SMs")
     for variant in variants:
         for rotate in (False, True):
-            for name, (lens, heads) in {**CHECKS, **SHAPES}.items():
+            chosen = configs(variant, rotate, args.rotate_only)
+            if len(chosen) < 2:
+                continue  # nothing to compare with the default
+            for name, (lens, heads) in CHECKS.items():
                 q, k, v, cu = inputs(lens, heads)
                 total, batch = k.shape[0], len(lens)
                 splits = th.head_splits(max(lens), batch, heads, sms)
-                configs = CONFIGS[variant]
                 ref = run(variant, rotate, q, k, v, cu, lens,
-                          buffers(variant, total, heads, batch, splits), splits, configs[0])
-                for config in configs[1:]:
+                          buffers(variant, total, heads, batch, splits), splits, chosen[0])
+                for config in chosen[1:]:
                     got = run(variant, rotate, q, k, v, cu, lens,
                               buffers(variant, total, heads, batch, splits), splits, config)
+                    diff = differing_bytes(ref, got)
                     print(f"{variant} rotate={rotate} {name} {config}: bytes differing from the "
-                          f"default: {differing_bytes(ref, got)}")
+                          f"default: {sum(diff)} (per output: {diff})")
+    print(f"checks done at {time.perf_counter() - start:.0f} s")
     for variant in variants:
         for rotate in (False, True):
             for name, (lens, heads) in SHAPES.items():
-                _time(variant, rotate, name, lens, heads, sms)
+                _time(variant, rotate, name, lens, heads, sms, configs(variant, rotate,
+                                                                     args.rotate_only))
+        print(f"{variant} timed at {time.perf_counter() - start:.0f} s")
 
 
-def _time(variant, rotate, name, lens, heads, sms):
+def _time(variant, rotate, name, lens, heads, sms, chosen):
     q, k, v, cu = inputs(lens, heads)
     total, batch = k.shape[0], len(lens)
     splits = th.head_splits(max(lens), batch, heads, sms)
     moved = moved_bytes(variant, total, heads, batch, splits)
     out = buffers(variant, total, heads, batch, splits)
-    for config in CONFIGS[variant]:
+    for config in chosen:
         ms = triton.testing.do_bench(
-            lambda config=config: run(variant, rotate, q, k, v, cu, lens, out, splits, config))
+            lambda config=config: run(variant, rotate, q, k, v, cu, lens, out, splits, config),
+            warmup=WARMUP_MS, rep=REP_MS)
         print(f"{variant} rotate={rotate} {name} {config or 'default'}"
               f"{f' splits={splits}' if variant == 'heads' else ''}: {ms * 1e3:.0f} us, "
               f"{moved / ms / 1e9:.2f} TB/s")
     dst = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
     src = torch.empty_like(dst)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src))
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=WARMUP_MS, rep=REP_MS)
     print(f"{variant} {name} copy of the same bytes: {moved / ms / 1e9:.2f} TB/s")
 
 

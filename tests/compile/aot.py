@@ -21,6 +21,7 @@ exactly as on the GPU, and a configuration the host never launches is not compil
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import re
@@ -112,8 +113,8 @@ def _recording(calls: list, tma: bool, permuted: bool):
 
     rocm = not permuted
     answers = {"_can_tma": lambda device: tma, "permuted_v": lambda device: permuted,
-               "quant_warps": lambda device, rotate: (tq.NUM_WARPS_ROTATED_ROCM if rotate and rocm
-                                                      else tq.NUM_WARPS)}
+               "quant_warps": lambda device, rotate, rotation=tq.ROTATION: tq.warps_for(
+                   rocm, rotate, rotation)}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
                (ga, "mla_prefill_fp8_kernel"), (th, "_head_bound_kernel"),
                (th, "_head_cast_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
@@ -129,11 +130,13 @@ def _recording(calls: list, tma: bool, permuted: bool):
 
 
 def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
-           split: bool = False, tma: bool | None = None, rotate: bool = False) -> list:
+           split: bool = False, tma: bool | None = None, rotate: bool = False,
+           rotation: str = tq.ROTATION) -> list:
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
     host code (`TritonKernel._run_ordinary`: the workspace views, the quantization (q and k
-    rotated with `rotate`), phase 1 with `config`, the reduce of a split plan), on CPU
-    tensors shaped as on the device."""
+    rotated with `rotate`, by `rotation`: the provider passes none, so another one than the
+    default is passed by wrapping `triton_quant.quantize_qkv` for the call), phase 1 with
+    `config`, the reduce of a split plan), on CPU tensors shaped as on the device."""
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.base import PrefillInputs
     from tests.core.helpers import random_batch, vllm_v_view
@@ -155,18 +158,25 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     lse = torch.empty(q.shape[0], heads)
     calls: list = []
     cuda = arch.startswith("sm_")
-    with _recording(calls, cuda if tma is None else tma, cuda):
-        kernel._run_ordinary(inputs, plan, out, lse, scratch)
-        if split:  # AITER's reduce signature without a final map (mla_reduce's other variant)
-            kernel.reduce(tk.ReduceInputs(
-                partial_out=scratch["partial_out"], partial_lse=scratch["partial_lse"],
-                reduce_indptr=plan.reduce_indptr, reduce_final_map=None,
-                reduce_partial_map=plan.reduce_partial_map, tile_q=plan.tile_q, num_kv_splits=0,
-                out=out, final_lse=lse))
+    quantize_qkv = tq.quantize_qkv
+    try:
+        if rotation != tq.ROTATION:
+            tq.quantize_qkv = functools.partial(quantize_qkv, rotation=rotation)
+        with _recording(calls, cuda if tma is None else tma, cuda):
+            kernel._run_ordinary(inputs, plan, out, lse, scratch)
+            if split:  # AITER's reduce signature without a final map (mla_reduce's other one)
+                kernel.reduce(tk.ReduceInputs(
+                    partial_out=scratch["partial_out"], partial_lse=scratch["partial_lse"],
+                    reduce_indptr=plan.reduce_indptr, reduce_final_map=None,
+                    reduce_partial_map=plan.reduce_partial_map, tile_q=plan.tile_q,
+                    num_kv_splits=0, out=out, final_lse=lse))
+    finally:
+        tq.quantize_qkv = quantize_qkv
     return calls
 
 
-def record_heads(arch: str, *, rotate: bool, batch=BATCH, layout: str = "vllm") -> list:
+def record_heads(arch: str, *, rotate: bool, batch=BATCH, layout: str = "vllm",
+                 rotation: str = tq.ROTATION) -> list:
     """The two launches of `triton_heads.quantize_heads` (the FA3 provider's quantization,
     which no host code of this package runs), on CPU tensors shaped as on the device: v as
     vLLM passes it (a view of a wider tensor) by default."""
@@ -180,7 +190,7 @@ def record_heads(arch: str, *, rotate: bool, batch=BATCH, layout: str = "vllm") 
     calls: list = []
     with _recording(calls, arch.startswith("sm_"), arch.startswith("sm_")):
         th.quantize_heads(q, k, v, cq, ck, len(lens), max(lens), max(lens), splits,
-                          FP8_DTYPE[arch], rotate=rotate)
+                          FP8_DTYPE[arch], rotate=rotate, rotation=rotation)
     return calls
 
 
@@ -199,6 +209,12 @@ def spec_of(arch: str, fn, args, kwargs, name: str, total_warps: int | None = No
                 total_warps)
 
 
+def _rotation(c) -> str:
+    """A quantization kernel's rotation in its name: " rotate" (dense), " rotate kron", or
+    "" (not rotated)."""
+    return (" rotate" + (" kron" if c.get("KRON") else "")) if c["ROTATE"] else ""
+
+
 def _name(fn, kwargs, config=None, tma=False) -> str:
     c = kwargs
     if fn.__name__ == "mla_prefill_kernel":
@@ -209,9 +225,9 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
         part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
-        return f"heads {part}" + (" rotate" if c["ROTATE"] else "") + f" w{c['num_warps']}"
+        return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}"
     if fn.__name__ == "_quant_qkv_kernel":
-        return "quant_qkv" + (" rotate" if c["ROTATE"] else "") + f" w{c['num_warps']}"
+        return "quant_qkv" + _rotation(c) + f" w{c['num_warps']}"
     return f"reduce final_map={int(c['HAS_FINAL_MAP'])}"
 
 
@@ -223,6 +239,7 @@ def scenarios(arch: str) -> list[dict]:
         g = tk.GLUON_FP8_CONFIG
         runs = [dict(fp8=True, config=tk.FP8_CONFIG, split=True),
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True),
+                dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, rotation="kron"),
                 dict(fp8=False, config=tk.BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, layout="vllm"),
                 # Ampere / Ada, or a layout TMA cannot take: pointer loads
@@ -239,21 +256,22 @@ def scenarios(arch: str) -> list[dict]:
                                    use_tma=False)
             runs.append(dict(fp8=fp8, config=config, split=True))
         runs.append(dict(runs[0], rotate=True))
+        runs.append(dict(runs[0], rotate=True, rotation="kron"))
     return runs
 
 
 def arch_specs(arch: str, batch=BATCH) -> list[Spec]:
     """The distinct compile jobs of every launch the host code makes on `arch` (one per
     Triton cache entry), recorded from `batch`, and of the per-head quantization
-    (`record_heads`, rotated and not)."""
+    (`record_heads`: not rotated, and rotated by each of `triton_quant.ROTATIONS`)."""
     if arch.startswith("sm_") and importlib.util.find_spec("triton.experimental.gluon") is None:
         raise RuntimeError("this Triton has no gluon: the sm_90 fp8 kernel cannot be compiled")
     from mla_plugins.core.kernels import gluon_attention as ga
 
     specs: dict[tuple, Spec] = {}
     launches = [call for run in scenarios(arch) for call in record(arch, batch=batch, **run)]
-    launches += [call for rotate in (False, True) for call in record_heads(arch, rotate=rotate,
-                                                                            batch=batch)]
+    heads = [dict(rotate=False)] + [dict(rotate=True, rotation=r) for r in tq.ROTATIONS]
+    launches += [call for run in heads for call in record_heads(arch, batch=batch, **run)]
     for fn, args, kwargs in launches:
         gluon = fn.__name__ == "mla_prefill_fp8_kernel"
         spec = spec_of(arch, fn, args, kwargs, _name(fn, kwargs), ga.TOTAL_WARPS if gluon else None)
@@ -313,6 +331,7 @@ def compile_spec(spec: Spec) -> Result:
         res.stack = int(re.search(r"STACK:(\d+)", usage).group(1))
         res.spills = len(re.findall(r"\bSTL(?:\.\w+)*\b", sass))
         res.extra["wgmma"] = len(re.findall(r"\b[HQ]GMMA\b", sass))
+        res.extra["mma"] = len(re.findall(r"\bHMMA\b", sass))
         warps = spec.total_warps or spec.options["num_warps"]
         res.occupancy = _cuda_occupancy(res.regs, warps * 32, res.shared)
     return res

@@ -31,9 +31,13 @@ def test_compiles_without_spills(spec):
         f"of stack/scratch at {res.regs} registers; choose another configuration in "
         "triton_attention.ARCH_CONFIGS (or the kernel's launch) for this arch"
     )
-    if spec.arch == "sm_90" and (spec.gluon or ("rotate" in spec.name and "bound" not in spec.name)):
-        # the Gluon attention's products, and the rotation of q and k, on the tensor cores
+    rotating = "rotate" in spec.name and "bound" not in spec.name
+    if spec.arch == "sm_90" and (spec.gluon or (rotating and "kron" not in spec.name)):
+        # the Gluon attention's products, and the dense rotation of q and k, on the tensor cores
         assert res.extra["wgmma"], f"{spec.name}: no wgmma (HGMMA/QGMMA) in its SASS"
+    if spec.arch == "sm_90" and rotating and "kron" in spec.name:
+        # the Kronecker rotation's batched 16 x 16 products: mma.sync on the tensor cores
+        assert res.extra["mma"], f"{spec.name}: no HMMA in its SASS"
 
 
 @pytest.mark.parametrize("arch", list(aot.TARGETS))

@@ -216,9 +216,13 @@ def assert_scales_close(got, want, rotated):
         assert torch.equal(got[ok], want[ok])
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+#: each quantization as (rotate, rotation): the amax rule, the rotation's two implementations
+QUANT_MODES = {"amax": (False, "dense"), "rotated": (True, "dense"), "kron": (True, "kron")}
+
+
+@pytest.mark.parametrize("mode", list(QUANT_MODES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_qkv_quantization_matches_core_rule(dtype, rotate, phase1, device):
+def test_qkv_quantization_matches_core_rule(dtype, mode, phase1, device):
     """quantize_qkv: q8 and the q scales at every row, k8 and k's scales (rotated or not),
     v's transposed copy, against core/fp8.py's block_quantize; q a strided view, v vLLM's."""
     from mla_plugins.core.fp8 import KV_BLOCK, Q_BLOCK, block_quantize
@@ -226,6 +230,7 @@ def test_qkv_quantization_matches_core_rule(dtype, rotate, phase1, device):
 
     if phase1 != "portable":
         pytest.skip("no attention: one run")
+    rotate, rotation = QUANT_MODES[mode]
     lens_q, lens_k = [333, 0, 64, 517, 1], [400, 0, 64, 517, 129]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 5, dtype=dtype, scale=3.0, device=device)
     q = torch.cat((q, q[..., :64]), dim=-1)[..., :192]
@@ -233,7 +238,8 @@ def test_qkv_quantization_matches_core_rule(dtype, rotate, phase1, device):
     q[10, 2, 7] = float("nan")
     k[500, 1, 3] = float("inf")
     fp8 = torch.float8_e4m3fn
-    q8, qs, k8, vt8, scales = tq.quantize_qkv(q, k, v, cq, ck, 5, 517, 517, fp8, rotate=rotate)
+    q8, qs, k8, vt8, scales = tq.quantize_qkv(q, k, v, cq, ck, 5, 517, 517, fp8, rotate=rotate,
+                                              rotation=rotation)
     cuq, cuk = cq.tolist(), ck.tolist()
     rq, sq = block_quantize(q.cpu(), cuq, fp8, block=Q_BLOCK, rotate_=rotate)
     rk, sk = block_quantize(k.cpu(), cuk, fp8, block=KV_BLOCK, rotate_=rotate)
@@ -252,9 +258,9 @@ def test_qkv_quantization_matches_core_rule(dtype, rotate, phase1, device):
             assert torch.equal(scales[1, :, c], sv[t])
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("mode", list(QUANT_MODES))
 @pytest.mark.parametrize("splits", [1, 7, 32])
-def test_head_quantization_matches_head_quantize(splits, rotate, phase1, device):
+def test_head_quantization_matches_head_quantize(splits, mode, phase1, device):
     """triton_heads.quantize_heads (the FA3 provider's rule) against fp8.head_quantize on
     CUDA: fp8 values in FA3's natural layouts, descales [3, B, H]; v a strided view."""
     from mla_plugins.core.fp8 import head_quantize
@@ -262,13 +268,14 @@ def test_head_quantization_matches_head_quantize(splits, rotate, phase1, device)
 
     if phase1 != "portable":
         pytest.skip("no attention: one run")
+    rotate, rotation = QUANT_MODES[mode]
     lens_q, lens_k = [333, 0, 64, 2000, 1], [400, 0, 64, 2000, 129]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 6, scale=3.0, device=device)
     v = torch.cat((torch.randn_like(v), v), dim=-1)[..., 128:]
     k[700, 4, 3] = float("nan")
     fp8 = torch.float8_e4m3fn
     q8, k8, v8, descales, _ = th.quantize_heads(q, k, v, cq, ck, 5, 2000, 2000, splits, fp8,
-                                                rotate=rotate)
+                                                rotate=rotate, rotation=rotation)
     for x, got, d, cu, rot in ((q, q8, descales[0], cq, rotate), (k, k8, descales[1], ck, rotate),
                                (v, v8, descales[2], ck, False)):
         want, want_s = head_quantize(x.cpu(), cu.tolist(), fp8, rotate_=rot)

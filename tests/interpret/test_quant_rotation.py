@@ -11,10 +11,14 @@ Unrotated, the kernels reproduce the rule bit for bit. Rotated, a row's x @ M is
 float32 by the tensor cores (the rule sums in float64) and each row's l1 sum in another
 order: scales agree to ~1e-7 relative and a stored value may sit one step of the storage
 format away where the two sums round on either side of a midpoint (`assert_within_a_step`).
+Both implementations of the rotation (`rotation="dense"`, x @ M; "kron", two 16 x 16
+products per row, triton_quant.kron_to_fp8) are held to the same bounds (MODES), and
+their scales, taken by the same code from the same loads, to equality with each other.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -37,6 +41,9 @@ STORE = torch.float16
 #: q lengths, k lengths: an empty sequence, starts not 16-aligned, one row, blocks past 128
 LENS_Q = [37, 0, 130, 64, 1]
 LENS_K = [50, 0, 200, 64, 129]
+#: each quantization as (rotate, rotation): the amax rule, then the rotation's two
+#: implementations (triton_quant.ROTATIONS)
+MODES = {"amax": (False, "dense"), "rotated": (True, "dense"), "kron": (True, "kron")}
 
 
 @pytest.fixture
@@ -100,7 +107,8 @@ def assert_within_a_step(got, want, rotated):
     assert (diff > 0).float().mean() < 1e-2, "more than the odd rounding tie moved"
 
 
-def qkv(q, k, v, cq, ck, *, rotate, parts=2, permuted=True, poison=True):
+def qkv(q, k, v, cq, ck, *, rotate, parts=2, permuted=True, poison=True, rotation="dense",
+        **knobs):
     """quantize_qkv into buffers full of NaN (so an unwritten cell shows)."""
     from mla_plugins.core.kernels import triton_quant as tq
 
@@ -114,16 +122,19 @@ def qkv(q, k, v, cq, ck, *, rotate, parts=2, permuted=True, poison=True):
                poisoned((k.shape[0], heads, 192), STORE), poisoned((heads * 128, t_pad), STORE),
                poisoned((2, heads, t_pad // 16), torch.float32))
     return tq.quantize_qkv(q, k, v, cq, ck, b, max(lq, default=0), max(lk, default=0), STORE, LIMIT,
-                           out, rotate=rotate, parts=parts, permuted=permuted)
+                           out, rotate=rotate, parts=parts, permuted=permuted, rotation=rotation,
+                           **knobs)
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("parts,permuted,strided", [(2, True, True), (1, False, True), (2, False, False)])
-def test_quantize_qkv_follows_the_block_rule(emulated, rotate, parts, permuted, strided):
+def test_quantize_qkv_follows_the_block_rule(emulated, mode, parts, permuted, strided):
     from mla_plugins.core.kernels import triton_quant as tq
 
+    rotate, rotation = MODES[mode]
     q, k, v, cq, ck = batch(strided=strided)
-    q8, qs, k8, vt8, scales = qkv(q, k, v, cq, ck, rotate=rotate, parts=parts, permuted=permuted)
+    q8, qs, k8, vt8, scales = qkv(q, k, v, cq, ck, rotate=rotate, parts=parts, permuted=permuted,
+                                  rotation=rotation)
     cuq, cuk = cq.tolist(), ck.tolist()
     rq, sq = block_quantize(q, cuq, STORE, block=Q_BLOCK, rotate_=rotate)
     rk, sk = block_quantize(k, cuk, STORE, block=KV_BLOCK, rotate_=rotate)
@@ -149,31 +160,32 @@ def test_quantize_qkv_follows_the_block_rule(emulated, rotate, parts, permuted, 
 
 
 def test_quantize_qkv_all_zero_blocks_scale_one(emulated):
-    """A block of zeros (q, k, v) has scale 1 and zero values, rotated or not."""
+    """A block of zeros (q, k, v) has scale 1 and zero values, rotated (either way) or not."""
     q, k, v, cq, ck = batch(bad=False)
     q[cq[2]:cq[2] + 64] = 0
     k[ck[2]:ck[2] + 128] = 0
-    for rotate in (False, True):
-        q8, qs, k8, _, scales = qkv(q, k, v, cq, ck, rotate=rotate)
+    for rotate, rotation in MODES.values():
+        q8, qs, k8, _, scales = qkv(q, k, v, cq, ck, rotate=rotate, rotation=rotation)
         assert (qs[cq[2]:cq[2] + 64] == 1).all() and (q8[cq[2]:cq[2] + 64] == 0).all()
         assert (k8[ck[2]:ck[2] + 128] == 0).all()
         assert (scales[0].flatten(0) == 1).sum() >= 2  # k's zero block in both heads
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("splits", [1, 3, 32])
-def test_quantize_heads_follows_head_quantize(emulated, rotate, splits):
+def test_quantize_heads_follows_head_quantize(emulated, mode, splits):
     """One scale per (sequence, head): descales [3, B, H], natural fp8 layouts, the
     partials' max per (tensor, sequence, head) giving the descale; outputs poisoned first."""
     from mla_plugins.core.kernels import triton_heads as th
 
+    rotate, rotation = MODES[mode]
     q, k, v, cq, ck = batch()
     heads, b = q.shape[1], len(LENS_Q)
     layout = th.head_workspace_layout(q.shape[0], k.shape[0], b, heads, splits, STORE)
     out = tuple(poisoned(shape, dtype) for _, shape, dtype in layout)
     q8, k8, v8, descales, partials = th.quantize_heads(
         q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), splits, STORE, rotate=rotate, fp8_max=LIMIT,
-        out=out)
+        out=out, rotation=rotation)
     for x, got, d, cu, rot in ((q, q8, descales[0], cq, rotate), (k, k8, descales[1], ck, rotate),
                                (v, v8, descales[2], ck, False)):
         want, want_s = head_quantize(x, cu.tolist(), STORE, rotate_=rot)
@@ -198,19 +210,31 @@ def test_head_splits_fill_the_gpu():
         th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 33, STORE, rotate=False)
 
 
+def provider_rotation(monkeypatch, rotation):
+    """The Triton provider's quantize_qkv, which passes no rotation (the default), with
+    `rotation` instead."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    if rotation != tq.ROTATION:
+        monkeypatch.setattr(tq, "quantize_qkv", functools.partial(tq.quantize_qkv,
+                                                                  rotation=rotation))
+
+
 CASES = {
     "edge lengths": ([0, 1, 127, 128, 129], [0, 1, 127, 128, 129]),
     "cached prefix": ([1, 70, 130], [1, 200, 300]),
 }
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("case", list(CASES))
-def test_fp8_attention_follows_the_rule(emulated, rotate, case):
+def test_fp8_attention_follows_the_rule(emulated, monkeypatch, mode, case):
     """mla_prefill through the Triton kernel (quantize_qkv, then the attention on q8) against
     the float64 reference on the rule's own quantized inputs (`reference_attention(...,
     fp8_dtype=, fp8_rotate=)`, emulated as the kernel stores them), and against exact
     attention: the rotation leaves the logits unchanged."""
+    rotate, rotation = MODES[mode]
+    provider_rotation(monkeypatch, rotation)
     lens_q, lens_k = CASES[case]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 2, dtype=torch.float16, scale=4.0)
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=2, causal=True, tile_q=128,
@@ -249,18 +273,20 @@ def _alone(b, cq, ck, *tensors):
     return q[qs], k[ks], v[ks], cu_seqlens([cq[b + 1] - cq[b]]), cu_seqlens([ck[b + 1] - ck[b]])
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
-def test_block_quantization_isolates_sequences(emulated, rotate):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_block_quantization_isolates_sequences(emulated, mode):
     """quantize_qkv: sequences 0 and 2 next to one holding inf/NaN/1e30 get exactly the
     values and scales they get alone (q8, q scales, k8, vt8 columns, k/v scales)."""
     from mla_plugins.core.kernels import triton_quant as tq
 
+    rotate, rotation = MODES[mode]
     q, k, v, cq, ck = random_batch(ISO_Q, ISO_K, 2, dtype=torch.float16)
     _poison(q, k, v, cq, ck)
-    q8, qs, k8, vt8, sc = qkv(q, k, v, cq, ck, rotate=rotate)
+    q8, qs, k8, vt8, sc = qkv(q, k, v, cq, ck, rotate=rotate, rotation=rotation)
     cqh, ckh = cq.tolist(), ck.tolist()
     for b in (0, 2):
-        aq8, aqs, ak8, avt8, asc = qkv(*_alone(b, cqh, ckh, q, k, v), rotate=rotate)
+        aq8, aqs, ak8, avt8, asc = qkv(*_alone(b, cqh, ckh, q, k, v), rotate=rotate,
+                                       rotation=rotation)
         rows_q, rows_k, n = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1]), ISO_K[b]
         assert torch.equal(q8[rows_q], aq8) and torch.equal(qs[rows_q], aqs)
         assert torch.equal(k8[rows_k], ak8)
@@ -273,18 +299,19 @@ def test_block_quantization_isolates_sequences(emulated, rotate):
     assert not torch.isfinite(qs[s1, 0]).all(), "sequence 1's poison is there to leak"
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
-def test_head_quantization_isolates_sequences(emulated, rotate):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_head_quantization_isolates_sequences(emulated, mode):
     """quantize_heads: the same, for one scale per (sequence, head) (same `splits`)."""
     from mla_plugins.core.kernels import triton_heads as th
 
+    rotate, rotation = MODES[mode]
     q, k, v, cq, ck = random_batch(ISO_Q, ISO_K, 2, dtype=torch.float16)
     _poison(q, k, v, cq, ck)
 
     def run(q, k, v, cq, ck):
         lq, lk = cq.diff().tolist(), ck.diff().tolist()
         return th.quantize_heads(q, k, v, cq, ck, len(lq), max(lq), max(lk), 3, STORE,
-                                 rotate=rotate, fp8_max=LIMIT)
+                                 rotate=rotate, fp8_max=LIMIT, rotation=rotation)
 
     q8, k8, v8, d, _ = run(q, k, v, cq, ck)
     cqh, ckh = cq.tolist(), ck.tolist()
@@ -296,9 +323,11 @@ def test_head_quantization_isolates_sequences(emulated, rotate):
     assert not torch.isfinite(d[:, 1, 0]).any() and torch.isfinite(d[:, 1, 1]).all()
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["amax", "rotated"])
-def test_fp8_attention_isolates_sequences(emulated, rotate):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_fp8_attention_isolates_sequences(emulated, monkeypatch, mode):
     """The attention output and lse of sequences 0 and 2 are bit for bit those of each alone."""
+    rotate, rotation = MODES[mode]
+    provider_rotation(monkeypatch, rotation)
     q, k, v, cq, ck = random_batch(ISO_Q, ISO_K, 2, dtype=torch.float16)
     _poison(q, k, v, cq, ck)
 
@@ -340,3 +369,94 @@ def test_rotation_follows_the_variable(emulated, monkeypatch):
     monkeypatch.setenv("MLA_PLUGINS_FP8_ROTATE", "on")
     assert torch.equal(run(None), rotated)
     assert torch.equal(run(False), plain)
+
+
+def test_kron_operand_is_the_rotation():
+    """triton_quant.kron_operand's H16, H12 and sign bits rebuild fp8.rotation_pm1 exactly:
+    M[16 a + b, 16 c + d] = sign(16 a + b) H12[a, c] H16[b, d]; the padding is zeros and the
+    signs are signed zeros (the kernel xors their bit patterns), in bf16 and fp16."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    want = fp8.rotation_pm1(torch.float64)
+    for dtype in (torch.bfloat16, torch.float16):
+        op = tq.kron_operand(dtype)
+        h16, h12, signs = op[0].double(), op[1].double(), op[2].flatten()
+        assert torch.equal(h16 @ h16.T, 16 * torch.eye(16, dtype=torch.float64))
+        assert torch.equal(h12[:12, :12] @ h12[:12, :12].T, 12 * torch.eye(12, dtype=torch.float64))
+        assert (h12[12:] == 0).all() and (h12[:, 12:] == 0).all()
+        assert (signs == 0).all() and not signs[192:].signbit().any()
+        sign = torch.where(signs[:192].signbit(), -1.0, 1.0).double()
+        got = sign[:, None] * torch.kron(h12[:12, :12], h16)
+        assert torch.equal(got, want), dtype
+
+
+@pytest.mark.parametrize("which", ["qkv", "heads"])
+def test_kron_and_dense_share_scales(emulated, which):
+    """The two rotations of the same fresh inputs (NaN, inf, strided views): their scales are
+    equal bit for bit (the same l1_bits of the same loads), their values within a step of the
+    rule and of each other, and a row's values do not depend on the Kronecker tile's rows
+    (`kron_rows`: 16 and 64 give the same bits)."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    q, k, v, cq, ck = batch()
+    if which == "qkv":
+        def run(rotation, **knobs):
+            return qkv(q, k, v, cq, ck, rotate=True, rotation=rotation, **knobs)
+        scales = (1, 4)  # q scales, k/v scales
+        rule = ((0, q, cq, Q_BLOCK), (2, k, ck, KV_BLOCK))
+    else:
+        b = len(LENS_Q)
+        layout = th.head_workspace_layout(q.shape[0], k.shape[0], b, q.shape[1], 3, STORE)
+
+        def run(rotation, **knobs):
+            out = tuple(poisoned(shape, dtype) for _, shape, dtype in layout)
+            return th.quantize_heads(q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), 3, STORE,
+                                     rotate=True, rotation=rotation, fp8_max=LIMIT, out=out,
+                                     **knobs)
+        scales = (3, 4)  # descales, partials
+        rule = ((0, q, cq, fp8.SEQUENCE_BLOCK), (1, k, ck, fp8.SEQUENCE_BLOCK))
+    dense, kron = run("dense"), run("kron")
+    for i in scales:
+        assert same(dense[i], kron[i]), i
+    for i, x, cu, block in rule:
+        want, _ = block_quantize(x, cu.tolist(), STORE, block=block, rotate_=True)
+        assert_within_a_step(kron[i], want, True)
+        assert_within_a_step(kron[i], dense[i], True)
+    for rows in (16, 64):
+        again = run("kron", kron_rows=rows)
+        assert all(same(a, b) for a, b in zip(kron, again, strict=True) if a is not None), rows
+
+
+def test_kron_spreads_an_outlier(emulated):
+    """One feature 200x the others in every row (real keys' outlier features): both rotations
+    spread it over all 192 rotated features as the rule does (within a step of it), where the
+    unrotated cast leaves most features a few fp8 steps from zero."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    q, k, v, cq, ck = batch(bad=False)
+    k[..., 37] *= 200.0
+    b = len(LENS_Q)
+    want, want_s = head_quantize(k, ck.tolist(), STORE, rotate_=True)
+    for rotation in ("dense", "kron"):
+        _, k8, _, d, _ = th.quantize_heads(q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), 1, STORE,
+                                           rotate=True, rotation=rotation, fp8_max=LIMIT)
+        assert_within_a_step(k8, want, True)
+        assert_scales(d[1], want_s, True)
+        # spread: the rotated row's largest value is no more than ~3x its rms, not 200x
+        row = k8[ck[2]:ck[3]].float()
+        ratio = row.abs().amax(-1) / row.pow(2).mean(-1).sqrt()
+        assert (ratio < 5).all(), rotation
+
+
+def test_rotation_knob_is_checked():
+    from mla_plugins.core.kernels import triton_heads as th
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, v, cq, ck = batch(bad=False)
+    with pytest.raises(ValueError, match="rotation: found 'butterfly'"):
+        qkv(q, k, v, cq, ck, rotate=True, rotation="butterfly")
+    with pytest.raises(ValueError, match="kron_rows: found 24"):
+        tq.quantize_kv(k, v, ck, 5, 200, STORE, LIMIT, rotate=True, rotation="kron", kron_rows=24)
+    with pytest.raises(ValueError, match="rotation: found 'Kron'"):
+        th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 1, STORE, rotate=True, rotation="Kron")
+    assert tq.ROTATION == "dense", "the default changes only once the device has timed both"

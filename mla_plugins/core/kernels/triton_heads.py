@@ -11,8 +11,9 @@ cast, so two launches (the amax rule's floor: inputs read twice, fp8 written onc
   each takes the max of its (tensor, sequence, head)'s `splits` partials (NaN-aware, a
   32-wide vector: `MAX_SPLITS`), the scale amax / fp8 max (1 for zero, so 1 for an empty
   sequence), writes it to `descales [3, B, H]` (q, k, v) from the sequence's first block,
-  and casts its rows (q and k rotated with `rotate`: M on the tensor cores, as
-  `triton_quant`'s block rule does it).
+  and casts its rows (q and k rotated with `rotate`, as `triton_quant`'s block rule does
+  it: `rotation="dense"`, x @ M on the tensor cores with M in shared memory, or "kron",
+  Kronecker tiles of 16 x 16 products, `triton_quant.kron_to_fp8`).
 
 Layouts written are the natural ones FA3 reads: q8 [Tq, H, 192], k8 [Tk, H, 192] (rotated
 with `rotate`), v8 [Tk, H, 128], contiguous. Inputs may be strided views (token and head
@@ -56,8 +57,9 @@ if triton is not None:
         ROPE_C,
         _imax,
         abs_bits,
+        kron_cast,
         l1_bits,
-        load_rotation,
+        load_operands,
         load_rows,
         qk_cast,
         reciprocal,
@@ -151,11 +153,13 @@ if triton is not None:
         Q, K, V, Q8, K8, V8, Descales, CuQ, CuK, Partials, Rot,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits, n_q, n_k,
         FP8_MAX: tl.constexpr, ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
-        BLOCKS: tl.constexpr,
+        BLOCKS: tl.constexpr, KRON: tl.constexpr, KRON_ROWS: tl.constexpr,
     ):
         """Grid (n_q + 2 * n_k, sequences, heads / HEADS_PER_PROGRAM): programs j < n_q cast
         q's rows [j * BLOCKS * 64, ...) of the sequence, the next n_k k's, the last n_k v's;
-        each sequence's first program of each tensor writes its descales (module doc)."""
+        each sequence's first program of each tensor writes its descales (module doc).
+        KRON (with ROTATE): q and k rotated as Kronecker tiles (`triton_quant.kron_cast`,
+        Rot `triton_quant.kron_operand`), else x @ M (Rot M)."""
         j = tl.program_id(0)
         b = tl.program_id(1)
         g = tl.program_id(2)
@@ -188,8 +192,9 @@ if triton is not None:
                 off = t[:, None] * sx_t
                 off8 = t[:, None] * (heads * width)
                 if ROTATE:
-                    # once per program, shared memory across its heads and blocks
-                    m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+                    # once per program, kept across its heads and blocks (dense: M in shared
+                    # memory; kron: the 16 x 16 operands)
+                    m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
                 else:
                     m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
                 for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
@@ -202,10 +207,17 @@ if triton is not None:
                         if r0 < r_end:
                             ok = (t < r_end - r0)[:, None]
                             src = X + h.to(tl.int64) * sx_h + r0.to(tl.int64) * sx_t
-                            xn, xr = load_rows(src, off, ok)
-                            yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr,
-                                             m_rr)
-                            store_rows(X8 + (r0.to(tl.int64) * heads + h) * width, off8, ok, yn, yr)
+                            if ROTATE and KRON:
+                                kron_cast(src, sx_t, X8 + (r0.to(tl.int64) * heads + h) * width,
+                                          heads * width, r_end - r0,
+                                          reciprocal(s) * ROTATION_SCALE_C, m_nn, m_rn, m_nr,
+                                          FP8_MAX, out_ty, HEAD_BLOCK_C, KRON_ROWS)
+                            else:
+                                xn, xr = load_rows(src, off, ok)
+                                yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
+                                                 m_nr, m_rr)
+                                store_rows(X8 + (r0.to(tl.int64) * heads + h) * width, off8, ok,
+                                           yn, yr)
         else:
             jb = j - n_q - n_k
             r_start = tl.load(CuK + b)
@@ -267,15 +279,18 @@ def quantize_heads(
     fp8_dtype: torch.dtype,
     *,
     rotate: bool,
+    rotation: str = tq.ROTATION,
     fp8_max: float | None = None,
     out: tuple[torch.Tensor, ...] | None = None,
     heads_per_program: int = 1,
     num_warps: int | None = None,
     blocks: int | None = None,
+    kron_rows: int = tq.KRON_ROWS,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
-    `rotate`) and v in two launches (module doc).
+    `rotate`, as `rotation` says: "dense" or "kron", `triton_quant.ROTATIONS`) and v in two
+    launches (module doc).
 
     q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128]: bf16/fp16, any token and head strides,
     contiguous features. `cu_seqlens_*` int32 on q's device; `batch`, the longest lengths
@@ -283,12 +298,14 @@ def quantize_heads(
     `out`: the five buffers to write into (`head_workspace_layout`), else allocated.
     `fp8_max` overrides the format's largest value (the interpreter's fp16 storage).
     `heads_per_program`, `num_warps` (`triton_quant.quant_warps` by default) and `blocks`
-    (64-row blocks per pass-2 program) are tuning knobs; as for `triton_quant.quantize_qkv`,
+    (64-row blocks per pass-2 program) are tuning knobs, and `kron_rows` (rows of one
+    Kronecker tile, `triton_quant.KRON_ROWS`) with "kron"; as for `triton_quant.quantize_qkv`,
     the amax rule's outputs do not depend on them, the rotated ones at most by the order of
     float32 sums.
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
+    kron = tq.check_rotation(rotation, kron_rows)
     for name, x, width in (("q", q, tq.NOPE + tq.ROPE), ("k", k, tq.NOPE + tq.ROPE), ("v", v, tq.DV)):
         if x.dim() != 3 or x.shape[2] != width or x.stride(2) != 1:
             raise ValueError(f"{name}: found shape {tuple(x.shape)} with strides {x.stride()}, "
@@ -303,23 +320,25 @@ def quantize_heads(
         return q8, k8, v8, descales, partials
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
-    warps = tq.quant_warps(q.device, rotate) if num_warps is None else num_warps
+    warps = tq.quant_warps(q.device, rotate, rotation) if num_warps is None else num_warps
     _head_bound_kernel[(splits, batch, heads // hpp)](
         q, k, v, cu_seqlens_q, cu_seqlens_k, partials, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), batch, heads, splits,
         ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, num_warps=warps,
     )
     if blocks is None:
-        blocks = BLOCKS_ROTATED if rotate else BLOCKS
+        # dense: M's 72 KB load per program, which two blocks amortize; kron: 1.5 KB
+        blocks = BLOCKS_ROTATED if rotate and not kron else BLOCKS
     rows = HEAD_BLOCK * blocks
     # at least one program per sequence and tensor: an empty sequence still writes descales
     n_q = max(1, -(-max_seqlen_q // rows))
     n_k = max(1, -(-max_seqlen_k // rows))
-    rot = tq.rotation_operand(q.device, q.dtype) if rotate else q
+    rot = tq.rotation_operand(q.device, q.dtype, rotation) if rotate else q
     _head_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
         q, k, v, q8, k8, v8, descales, cu_seqlens_q, cu_seqlens_k, partials, rot,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         batch, heads, splits, n_q, n_k,
-        FP8_MAX=limit, ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, BLOCKS=blocks, num_warps=warps,
+        FP8_MAX=limit, ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, BLOCKS=blocks,
+        KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, num_warps=warps,
     )
     return q8, k8, v8, descales, partials

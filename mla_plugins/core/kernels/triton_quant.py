@@ -25,6 +25,24 @@ FFMA per element, the FMUL the amax rule's cast does anyway) instead of chained 
 the accumulator: Triton puts every warp of a chained product along its rows, so a 64-row
 product at 16 warps would be computed four times over (seen in the ttgir).
 
+Rotation by its Kronecker structure (`rotation="kron"`, the KRON constexpr; "dense", the
+above, stays the default until the device has timed both): M = diag(signs) (H12 ⊗ H16), so
+per row (x M)[16 c + d] = sum_a H12[a, c] sum_b xs[16 a + b] H16[b, d] with xs = x * signs.
+The rows are loaded again (after the scale, which both variants take from the same `l1_bits`
+of the same loads) as Kronecker tiles [rows, 16, 16] (`kron_offsets`: [r, b, a] is feature
+16 a + b, groups 12 ... 15 masked to zeros), KRON_ROWS rows at a time, signs applied as a
+sign-bit xor, then two batched products of 16 x 16 tiles per row (`kron_to_fp8`): H16^T
+times the tile (input dtype, exact operands), then that float32 result, scaled by
+ROTATION_SCALE / scale and split into two fp16 parts, times H12 (zero-padded to 16 x 16),
+the first product's accumulator converted to the second's A operand (in registers: the
+shared memory the variant allocates is stage 1's staging of the tile and, in the k/v
+programs, v's transpose). Operands: [3, 16, 16] (`kron_operand`, 1.5 KB), no M in shared
+memory. In the k/v programs v's parts are cast first and k's rows after, so the rotation's
+registers never add to v's. Ahead-of-time compile (tests/compile/aot.py), sm_90: 60
+registers, 16 KB of shared memory, 2 CTAs per SM, against the dense variant's 97, 96 KB,
+1 CTA; gfx942/gfx950 at 16 warps: 56/55 VGPRs, 8 waves per SIMD, against 248 at 8 warps,
+2 waves.
+
 Layouts written:
 - q8 [Tq, H, 192]: the rows of q (rotated with ROTATE); q scales [Tq, H] float32: the
   scale of each row's 64-row block, written at every row of the block (fp8.block_scales'
@@ -60,7 +78,7 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8 import KV_BLOCK, Q_BLOCK, ROTATION_DIM, ROTATION_SCALE, rotation_pm1
+from ..fp8 import KV_BLOCK, Q_BLOCK, ROTATION_DIM, ROTATION_SCALE, ROTATION_SIGNS, rotation_pm1
 
 try:
     import triton
@@ -87,6 +105,17 @@ PARTS = 2
 #: shared memory with M (72 KB from L2), which more blocks per program amortize
 Q_BLOCKS = 1
 Q_BLOCKS_ROTATED = 2
+#: the rotation's implementations (`rotation=`): "dense", x @ M as four products of M's
+#: blocks (M in shared memory, 72 KB); "kron", two batched products of 16 x 16 tiles per row
+#: (`kron_to_fp8`, operands of 1.5 KB). The default stays "dense" until the device has
+#: timed both (benchmarks/quant_bench.py).
+ROTATIONS = ("dense", "kron")
+ROTATION = "dense"
+#: rows of one Kronecker tile (`kron_cast`, `kron_rows=`: 16, 32 or 64). Compiled for sm_90
+#: (tests/compile/aot.py) at 16 warps, quant_qkv / heads cast took 60 / 52 registers at 16
+#: rows (2 CTAs per SM), 80 / 64 at 32 rows, 77 / 64 at 64
+KRON_ROWS = 16
+KRON_ROWS_ALLOWED = (16, 32, 64)
 
 assert NOPE + ROPE == ROTATION_DIM
 
@@ -193,6 +222,100 @@ if triton is not None:
         return finish_fp8(yn, FP8_MAX, out_ty), finish_fp8(yr, FP8_MAX, out_ty)
 
     @triton.jit
+    def load_operands(Rot, KRON: tl.constexpr):
+        """The rotation's operands, four slots: M's four blocks (`load_rotation`), or with
+        KRON (h16, h12, signs, 0) (`load_kron`; Rot is then `kron_operand`)."""
+        if KRON:
+            m_nn, m_rn, m_nr = load_kron(Rot)
+            m_rr = 0
+        else:
+            m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+        return m_nn, m_rn, m_nr, m_rr
+
+    @triton.jit
+    def load_kron(Rot):
+        """The operands of the Kronecker rotation (`kron_operand`, [3, 16, 16] in the inputs'
+        dtype) as [1, 16, 16] tiles: H16 (symmetric, so also H16^T), H12 zero-padded to
+        16 x 16 and converted to fp16 (stage 2's operand type: exact, its entries are ±1 and
+        0), and the signs as int16 masks laid out as a Kronecker tile (`kron_offsets`: 0 or
+        0x8000 at [0, b, a] for feature 16 a + b)."""
+        i = tl.arange(0, 16)[None, :, None]
+        j = tl.arange(0, 16)[None, None, :]
+        h16 = tl.load(Rot + i * 16 + j)
+        h12 = tl.load(Rot + 256 + i * 16 + j).to(tl.float16)
+        signs = tl.load(Rot + 512 + j * 16 + i).to(tl.int16, bitcast=True)
+        return h16, h12, signs
+
+    @triton.jit
+    def kron_offsets(row_off):
+        """[rows, 16, 16] offsets of the features of a Kronecker tile from the rows' offsets
+        `row_off` [rows, 1]: element [r, b, a] is feature 16 a + b (a the group of 16, b the
+        feature in it); groups a >= 12 are padding (`kron_mask`)."""
+        b = tl.arange(0, 16)[None, :, None]
+        a = tl.arange(0, 16)[None, None, :]
+        return row_off[:, :, None] + a * 16 + b
+
+    @triton.jit
+    def kron_mask(ok):
+        """[rows, 16, 16]: the rows `ok` ([rows, 1]) and the 12 real groups of 16 features."""
+        return ok[:, :, None] & (tl.arange(0, 16)[None, None, :] < 12)
+
+    @triton.jit
+    def kron_to_fp8(x3, c, h16, h12, signs, FP8_MAX: tl.constexpr, out_ty: tl.constexpr):
+        """x R / scale for the rows of a Kronecker tile x3 [rows, 16, 16] ([r, b, a] holds
+        x[16 a + b], input dtype, padding zeros), c = ROTATION_SCALE / scale, NaN -> 0,
+        clamped, cast: [rows, 16, 16] in `out_ty`, [r, d, c'] holding rotated feature
+        16 c' + d (`kron_offsets` with the two axes' roles swapped: store at 16 c' + d).
+
+        With xs = x * signs (a sign-bit xor: exact), (x M)[16 c' + d] = sum_a H12[a, c']
+        sum_b xs[16 a + b] H16[b, d]; per row, two batched products of 16 x 16 tiles:
+        stage 1, Zt[d, a] = sum_b H16[b, d] xs[b, a] (H16^T times the tile: input dtype,
+        exact operands, float32 accumulation); stage 2, Zt c times H12 ([d, a] x [a, c']),
+        Zt's accumulator taken as the A operand. Zt c is float32: it enters stage 2 as two
+        fp16 parts, hi = fp16(Zt c) and lo = fp16(Zt c - hi) (22 bits of its 24: the scaling
+        first bounds sum_a |Zt c| by FP8_MAX (the l1 bound; 448 or 240, far under fp16's
+        65504), so fp16's range holds it, and the parts' rounding adds at most ~2^-22 of
+        that, 448 * 2^-22 ~ 1e-4, to a scaled value), two products chained through float32
+        accumulation, lo first."""
+        xs = (x3.to(tl.int16, bitcast=True) ^ signs).to(x3.dtype, bitcast=True)
+        rows: tl.constexpr = x3.shape[0]
+        zt = tl.dot(tl.broadcast_to(h16, [rows, 16, 16]), xs) * c
+        hi = zt.to(tl.float16)
+        lo = (zt - hi.to(tl.float32)).to(tl.float16)
+        h12b = tl.broadcast_to(h12, [rows, 16, 16])
+        y = tl.dot(hi, h12b, tl.dot(lo, h12b))
+        return finish_fp8(y, FP8_MAX, out_ty)
+
+    @triton.jit
+    def load_kron_rows(src, row_off, ok):
+        """q or k rows of one head as a Kronecker tile [rows, 16, 16] (`kron_offsets`; rows
+        past `ok` and the padding groups read as zeros)."""
+        return tl.load(src + kron_offsets(row_off), mask=kron_mask(ok), other=0.0)
+
+    @triton.jit
+    def store_kron_rows(dst, row_off, ok, y):
+        """`kron_to_fp8`'s [rows, 16, 16] result ([r, d, c'] is feature 16 c' + d) at
+        dst + row_off ([rows, 1] offsets): the same offsets as `kron_offsets` gives, read
+        with the last two axes as (d, c')."""
+        tl.store(dst + kron_offsets(row_off), y, mask=kron_mask(ok))
+
+    @triton.jit
+    def kron_cast(src, src_t, dst, dst_t, n, c, h16, h12, signs, FP8_MAX: tl.constexpr,
+                  out_ty: tl.constexpr, ROWS: tl.constexpr, KRON_ROWS: tl.constexpr):
+        """Rows [0, ROWS) of q or k (those below n) at src (token stride src_t) rotated with
+        c = ROTATION_SCALE / scale and stored at dst (row stride dst_t), in Kronecker tiles
+        of KRON_ROWS rows, a loop (`kron_to_fp8`'s float32 tiles hold KRON_ROWS * 256 / threads
+        values a thread each; ROWS a multiple of KRON_ROWS)."""
+        t = tl.arange(0, KRON_ROWS)
+        off = t[:, None] * src_t
+        off8 = t[:, None] * dst_t
+        for i in tl.range(0, ROWS // KRON_ROWS, num_stages=1):
+            ok = (t < n - i * KRON_ROWS)[:, None]
+            x3 = load_kron_rows(src + i * KRON_ROWS * src_t, off, ok)
+            store_kron_rows(dst + i * KRON_ROWS * dst_t, off8, ok,
+                            kron_to_fp8(x3, c, h16, h12, signs, FP8_MAX, out_ty))
+
+    @triton.jit
     def qk_scale(xn, xr, FP8_MAX: tl.constexpr, ROTATE: tl.constexpr):
         """The scale of one block of q or k rows (nope [rows, 128], rope [rows, 64], input
         dtype; rows past the block's end loaded as zeros): the l1 bound with ROTATE, else
@@ -262,8 +385,8 @@ if triton is not None:
                    FP8_MAX: tl.constexpr, out_ty: tl.constexpr, SUB: tl.constexpr,
                    ROTATE: tl.constexpr):
         """Sweep 2 of `_kv_block` over part p (rows p * SUB ... of the block): k8 rows and the
-        transposed v tile. n_rows: the block's rows in the sequence; n_cols: vt8 columns up
-        to the next sequence's first."""
+        transposed v tile (as `_v_part`). n_rows: the block's rows in the sequence; n_cols: vt8
+        columns up to the next sequence's first."""
         ok = (t < n_rows - p * SUB)[:, None]
         kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
         if ROTATE:
@@ -278,10 +401,20 @@ if triton is not None:
                  mask=(t + p * SUB < n_cols)[None, :])
 
     @triton.jit
+    def _v_part(p, vsrc, vrow, v_off, vt_off, t, tv, n_rows, n_cols, sv_t, inv_v,
+                FP8_MAX: tl.constexpr, out_ty: tl.constexpr, SUB: tl.constexpr):
+        """The transposed v tile of part p of a key block (`_cast_part`'s second half)."""
+        ok_v = (tv < n_rows - p * SUB)[:, None]
+        x = tl.load(vsrc + p * SUB * sv_t + v_off, mask=ok_v, other=0.0)
+        tl.store(vrow + p * SUB + vt_off, tl.trans(to_fp8(x, inv_v, FP8_MAX, out_ty)),
+                 mask=(t + p * SUB < n_cols)[None, :])
+
+    @triton.jit
     def _kv_block(
         j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
-        PERMUTED: tl.constexpr, ROTATE: tl.constexpr,
+        PERMUTED: tl.constexpr, ROTATE: tl.constexpr, KRON: tl.constexpr,
+        KRON_ROWS: tl.constexpr,
     ):
         """Key block j of sequence b, heads g * HEADS_PER_PROGRAM ...: k8, vt8 and the scales.
 
@@ -324,15 +457,27 @@ if triton is not None:
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
                     if ROTATE:
-                        m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+                        m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
                     else:
                         m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
                     ok = (t < k1 - r0)[:, None]
-                    kn, kr = load_rows(src, k_off, ok)
-                    x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
-                    yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr, m_rr)
-                    s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
-                    store_rows(dst, k8_off, ok, yn, yr)
+                    if ROTATE and KRON:
+                        # the scale from the rows as loaded, then the rows again (from L1/L2)
+                        # in Kronecker tiles
+                        kn, kr = load_rows(src, k_off, ok)
+                        s_k = qk_scale(kn, kr, FP8_MAX, ROTATE)
+                        kron_cast(src, sk_t, dst, heads * (NOPE_C + ROPE_C), k1 - r0,
+                                  reciprocal(s_k) * ROTATION_SCALE_C, m_nn, m_rn, m_nr, FP8_MAX,
+                                  out_ty, SUB, KRON_ROWS)
+                        x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
+                        s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
+                    else:
+                        kn, kr = load_rows(src, k_off, ok)
+                        x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
+                        yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr,
+                                                m_rr)
+                        s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
+                        store_rows(dst, k8_off, ok, yn, yr)
                     # v transposed in registers: [128 features, SUB tokens], tokens contiguous;
                     # columns past the sequence's end get the masked loads' zeros (the gap up
                     # to the next sequence's first column); the next sequence's are left alone
@@ -379,12 +524,20 @@ if triton is not None:
                     if ROTATE:
                         # after sweep 1, so its registers do not add to sweep 1's loads (a
                         # program of several heads reads it again from L2 for each)
-                        m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+                        m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
                     else:
                         m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
                     # sweep 2: the block again (from L2), cast. ROTATE: a loop, not unrolled,
                     # so the next part's loads do not join the products' live registers
-                    if ROTATE:
+                    # KRON: v's parts first, then all of k's rows (Kronecker tiles, a loop), so
+                    # the rotation's registers and v's (its offset tiles) never add up
+                    if ROTATE and KRON:
+                        for p in tl.static_range(PARTS):
+                            _v_part(p, vsrc, vrow, v_off, vt_off, t, tv, k1 - r0,
+                                    next_start - col0, sv_t, inv_v, FP8_MAX, out_ty, SUB)
+                        kron_cast(src, sk_t, dst, heads * (NOPE_C + ROPE_C), k1 - r0, inv_k, m_nn,
+                                  m_rn, m_nr, FP8_MAX, out_ty, SCALE_BLOCK_C, KRON_ROWS)
+                    elif ROTATE:
                         for p in tl.range(0, PARTS, num_stages=1):
                             _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
                                        k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
@@ -409,7 +562,7 @@ if triton is not None:
     def _q_blocks(
         j, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, Q_BLOCKS: tl.constexpr,
-        ROTATE: tl.constexpr,
+        ROTATE: tl.constexpr, KRON: tl.constexpr, KRON_ROWS: tl.constexpr,
     ):
         """q blocks j * Q_BLOCKS ... of sequence b (64 rows each, from the sequence's
         start), heads g * HEADS_PER_PROGRAM ...: q8 and each row's block scale."""
@@ -423,7 +576,7 @@ if triton is not None:
             width: tl.constexpr = NOPE_C + ROPE_C
             q8_off = t[:, None] * (heads * width)
             if ROTATE:
-                m_nn, m_rn, m_nr, m_rr = load_rotation(Rot)
+                m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
             else:
                 m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
             for i in tl.range(0, Q_BLOCKS, num_stages=1):
@@ -434,10 +587,21 @@ if triton is not None:
                     for hh in tl.range(0, HEADS_PER_PROGRAM, num_stages=1):
                         h = g * HEADS_PER_PROGRAM + hh
                         src = Q + h.to(tl.int64) * sq_h + r0.to(tl.int64) * sq_t
-                        qn, qr = load_rows(src, q_off, ok)
-                        yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr,
-                                                m_rr)
-                        store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok, yn, yr)
+                        if ROTATE and KRON:
+                            # the scale from the rows as loaded, then the rows again (from
+                            # L1/L2) in Kronecker tiles
+                            qn, qr = load_rows(src, q_off, ok)
+                            s_q = qk_scale(qn, qr, FP8_MAX, ROTATE)
+                            kron_cast(src, sq_t, Q8 + (r0.to(tl.int64) * heads + h) * width,
+                                      heads * width, q1 - r0,
+                                      reciprocal(s_q) * ROTATION_SCALE_C, m_nn, m_rn, m_nr,
+                                      FP8_MAX, out_ty, QBLOCK_C, KRON_ROWS)
+                        else:
+                            qn, qr = load_rows(src, q_off, ok)
+                            yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
+                                                    m_nr, m_rr)
+                            store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok,
+                                       yn, yr)
                         # the block's scale at each of its rows (fp8.block_scales' layout)
                         tl.store(QS + (r0 + t).to(tl.int64) * heads + h,
                                  tl.full([QBLOCK_C], 0.0, tl.float32) + s_q, mask=ok_r)
@@ -450,29 +614,47 @@ if triton is not None:
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads, n_kv,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
         PERMUTED: tl.constexpr, ROTATE: tl.constexpr, Q_BLOCKS: tl.constexpr,
+        KRON: tl.constexpr, KRON_ROWS: tl.constexpr,
     ):
         """Grid (n_kv + q programs of the longest query sequence, sequences, heads /
         HEADS_PER_PROGRAM): programs j < n_kv quantize key block j of k and v (`_kv_block`),
         the others q blocks (`_q_blocks`, Q_BLOCKS blocks of 64 rows each).
 
         ROTATE: q and k rotated by M (`Rot`, [192, 192] in the inputs' dtype) with the l1
-        bound as their scale (core/fp8.py); Rot is not read otherwise.
+        bound as their scale (core/fp8.py); Rot is not read otherwise. KRON (with ROTATE):
+        the rotation through its Kronecker structure (`kron_to_fp8`), Rot `kron_operand`.
         """
         j = tl.program_id(0)
         b = tl.program_id(1)
         g = tl.program_id(2)
         if j < n_kv:
             _kv_block(j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride,
-                      ss_w, heads, FP8_MAX, HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE)
+                      ss_w, heads, FP8_MAX, HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE, KRON,
+                      KRON_ROWS)
         else:
             _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, FP8_MAX,
-                      HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE)
+                      HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS)
 
-def quant_warps(device: torch.device, rotate: bool) -> int:
+def quant_warps(device: torch.device, rotate: bool, rotation: str = ROTATION) -> int:
     """num_warps of the quantization kernels on this device (NUM_WARPS_ROTATED_ROCM for the
-    rotated variant on ROCm, NUM_WARPS elsewhere)."""
-    rocm = device.type == "cuda" and bool(torch.version.hip)
-    return NUM_WARPS_ROTATED_ROCM if rotate and rocm else NUM_WARPS
+    dense rotation on ROCm, NUM_WARPS elsewhere)."""
+    return warps_for(device.type == "cuda" and bool(torch.version.hip), rotate, rotation)
+
+
+def warps_for(rocm: bool, rotate: bool, rotation: str = ROTATION) -> int:
+    """`quant_warps` on ROCm (`rocm`) or elsewhere."""
+    return NUM_WARPS_ROTATED_ROCM if rotate and rotation == "dense" and rocm else NUM_WARPS
+
+
+def check_rotation(rotation: str, kron_rows: int = KRON_ROWS) -> bool:
+    """Whether `rotation` is "kron" (the Kronecker kernels' KRON constexpr); ValueError naming
+    the argument unless it is one of ROTATIONS and `kron_rows` one of KRON_ROWS_ALLOWED (each
+    divides the 64-row blocks the kernels cast)."""
+    if rotation not in ROTATIONS:
+        raise ValueError(f"rotation: found {rotation!r}, expected one of {', '.join(ROTATIONS)}")
+    if kron_rows not in KRON_ROWS_ALLOWED:
+        raise ValueError(f"kron_rows: found {kron_rows!r}, expected one of {KRON_ROWS_ALLOWED}")
+    return rotation == "kron"
 
 
 def permuted_v(device: torch.device) -> bool:
@@ -504,20 +686,43 @@ def vt_padded_len(total_k: int, batch: int) -> int:
     return max(16, vt_columns(total_k, batch) + 16)
 
 
-_ROTATIONS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_ROTATIONS: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
 
 
-def rotation_operand(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """M = `fp8.rotation_pm1()` [192, 192] in `dtype` (bf16/fp16: its ±1 entries are exact)
-    on `device`, made once per (device, dtype) and kept: a launch recorded for replay
+def kron_operand(dtype: torch.dtype, device=None) -> torch.Tensor:
+    """[3, 16, 16] in `dtype`, the Kronecker kernels' operands (`load_kron`): [0] H16
+    (Sylvester's), [1] H12 (`fp8._paley12`) in its top-left 12 x 12, zeros elsewhere, [2] the
+    signs: -0.0 at [a, b] where feature 16 a + b's bit of ROTATION_SIGNS is set, +0.0
+    elsewhere (bit patterns 0x8000 / 0 in bf16 and fp16, xor-ed onto the inputs). Every entry
+    is exact in bf16 and fp16. M = diag(signs) (H12 ⊗ H16) is `fp8.rotation_pm1`."""
+    from ..fp8 import _paley12
+
+    h16 = torch.ones(1, 1)
+    while h16.shape[0] < 16:
+        h16 = torch.cat((torch.cat((h16, h16), 1), torch.cat((h16, -h16), 1)), 0)
+    h12 = torch.zeros(16, 16)
+    h12[:12, :12] = torch.tensor(_paley12(), dtype=torch.float32)
+    neg = torch.tensor([(ROTATION_SIGNS >> j) & 1 for j in range(ROTATION_DIM)], dtype=torch.bool)
+    signs = torch.zeros(256)
+    signs[:ROTATION_DIM] = torch.where(neg, -0.0, 0.0)
+    return torch.stack((h16, h12, signs.view(16, 16))).to(dtype=dtype, device=device).contiguous()
+
+
+def rotation_operand(device: torch.device, dtype: torch.dtype,
+                     rotation: str = ROTATION) -> torch.Tensor:
+    """The rotation's device operand in `dtype` (bf16/fp16: its entries are exact) on `device`:
+    M = `fp8.rotation_pm1()` [192, 192] for "dense", `kron_operand` [3, 16, 16] for "kron";
+    made once per (device, dtype, rotation) and kept: a launch recorded for replay
     (triton_launch) may point at it for the life of the process. Make it before recording
     (its first creation copies to the device)."""
+    kron = check_rotation(rotation)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    key = (device, dtype)
+    key = (device, dtype, rotation)
     m = _ROTATIONS.get(key)
     if m is None:
-        m = _ROTATIONS.setdefault(key, rotation_pm1(dtype, device).contiguous())
+        made = kron_operand(dtype, device) if kron else rotation_pm1(dtype, device).contiguous()
+        m = _ROTATIONS.setdefault(key, made)
     return m
 
 
@@ -535,10 +740,12 @@ def quantize_qkv(
     out: tuple[torch.Tensor, ...] | None = None,
     *,
     rotate: bool = False,
+    rotation: str = ROTATION,
     heads_per_program: int = HEADS_PER_PROGRAM,
     num_warps: int | None = None,
     parts: int = PARTS,
     q_blocks: int | None = None,
+    kron_rows: int = KRON_ROWS,
     permuted: bool | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], q scales float32 [Tq, H], k8 [Tk, H, 192], vt8 [H * 128, T_pad],
@@ -550,14 +757,16 @@ def quantize_qkv(
     are allocated. `cu_seqlens_*` int32 on k's device; `batch` and the longest lengths from
     the host (the plan), so nothing is read back from the device. `fp8_max` overrides the
     format's largest value (tests run the fp8 logic with fp16 storage in Triton's
-    interpreter). `rotate`: q and k rotated (core/fp8.py; M from `rotation_operand`).
-    `heads_per_program`, `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row
+    interpreter). `rotate`: q and k rotated (core/fp8.py), `rotation` (ROTATIONS) saying how:
+    "dense" (x @ M, M from `rotation_operand`) or "kron" (`kron_to_fp8`); not read without
+    `rotate`; `kron_rows`: rows of one Kronecker tile (KRON_ROWS). `heads_per_program`, `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row
     q blocks per program, default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) are tuning
     knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
     could only change the order of the products' float32 sums (benchmarks/quant_bench.py
     compares every configuration). `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
     default, which is what the attention kernels read.
     """
+    kron = check_rotation(rotation, kron_rows)
     total_k, heads = k.shape[0], k.shape[1]
     total_q = 0 if q is None else q.shape[0]
     t_pad = vt_padded_len(total_k, batch)
@@ -579,12 +788,14 @@ def quantize_qkv(
     # zero columns
     n_kv = max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK)) if total_k else 0
     if q_blocks is None:
-        q_blocks = Q_BLOCKS_ROTATED if rotate else Q_BLOCKS
+        # dense: each program first fills shared memory with M, which two blocks amortize;
+        # kron's operands are 1.5 KB
+        q_blocks = Q_BLOCKS_ROTATED if rotate and not kron else Q_BLOCKS
     n_q = triton.cdiv(max_seqlen_q, QBLOCK * q_blocks) if total_q else 0
     if n_kv + n_q == 0:
         return q8, qs, k8, vt8, scales
     hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
-    rot = rotation_operand(k.device, k.dtype) if rotate else k
+    rot = rotation_operand(k.device, k.dtype, rotation) if rotate else k
     qa = q if q is not None and total_q else k  # not read when there are no q programs
     grid = (n_kv + n_q, batch, heads // hpp)
     _quant_qkv_kernel[grid](
@@ -594,8 +805,8 @@ def quantize_qkv(
         scales.stride(0), heads, n_kv,
         FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
         PERMUTED=permuted_v(k.device) if permuted is None else permuted, ROTATE=bool(rotate),
-        Q_BLOCKS=q_blocks,
-        num_warps=quant_warps(k.device, rotate) if num_warps is None else num_warps,
+        Q_BLOCKS=q_blocks, KRON=bool(rotate) and kron, KRON_ROWS=kron_rows,
+        num_warps=quant_warps(k.device, rotate, rotation) if num_warps is None else num_warps,
     )
     return q8, qs, k8, vt8, scales
 
@@ -611,15 +822,18 @@ def quantize_kv(
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     *,
     rotate: bool = False,
+    rotation: str = ROTATION,
     heads_per_program: int = HEADS_PER_PROGRAM,
     num_warps: int | None = None,
     parts: int = PARTS,
     permuted: bool | None = None,
+    kron_rows: int = KRON_ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]):
     `quantize_qkv` without q (the same kernel, no q programs)."""
     _, _, k8, vt8, scales = quantize_qkv(
         None, k, v, None, cu_seqlens_k, batch, 0, max_seqlen_k, fp8_dtype, fp8_max,
-        None if out is None else (None, None, *out), rotate=rotate,
-        heads_per_program=heads_per_program, num_warps=num_warps, parts=parts, permuted=permuted)
+        None if out is None else (None, None, *out), rotate=rotate, rotation=rotation,
+        heads_per_program=heads_per_program, num_warps=num_warps, parts=parts, permuted=permuted,
+        kron_rows=kron_rows)
     return k8, vt8, scales
