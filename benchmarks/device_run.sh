@@ -9,13 +9,15 @@
 #   bash benchmarks/device_run.sh variants  # the Triton provider's fp8 phase-1 variants, unit cost
 #   bash benchmarks/device_run.sh host    # FA3's host time piece by piece (host_fa3.py), then
 #                                         # every GPU test
+#   bash benchmarks/device_run.sh rotation  # the rotation's implementations: quant_bench (TB/s),
+#                                         # rotation_cost.py (end to end), their GPU tests
 #
 # Each fits one 10-minute call. Wheels in .whl/ are installed first (carry .whl): fa3-fwd
 # 0.0.3 and einops (FlashAttention-3's forward, the peer and the flash_attn provider's FA3),
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -71,6 +73,18 @@ case "$stage" in
             -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
         tail -25 "$out/gpu-tests.log"
         ;;
+    rotation)
+        timeout 170 python3 benchmarks/quant_bench.py --only heads,qkv --rotate-only \
+            > "$out/quant-bench.log" 2>&1 || status=1
+        tail -30 "$out/quant-bench.log"
+        timeout 230 python3 benchmarks/rotation_cost.py --out "$out/h200-rotation.json" \
+            > "$out/rotation-cost.log" 2>&1 || status=1
+        tail -16 "$out/rotation-cost.log"
+        timeout 150 python3 -m pytest tests/gpu/test_flash_attn_gpu.py tests/gpu/test_triton.py \
+            -q -p no:cacheprovider -k "flash_attn_gpu or quant or rotat or kron or isolat or bad_values" \
+            > "$out/gpu-tests-rotation.log" 2>&1 || status=1
+        tail -8 "$out/gpu-tests-rotation.log"
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -78,7 +92,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation or variants)" >&2
         exit 2
         ;;
 esac

@@ -230,3 +230,33 @@ def test_binds_fa3_fwd(fresh_binding):
     assert fresh_binding.name in ("fa3_fwd", "flash_attn_3"), fresh_binding.describe()
     assert fresh_binding.supports_fp8
     assert fresh_binding.positions["q_descale"] == 20, fresh_binding.positions
+
+
+@pytest.mark.parametrize("kernel", ["flash_attn", "triton"])
+def test_planned_calls_follow_the_rotation_implementation(kernel, monkeypatch):
+    """One plan, rotated fp8, `triton_quant.ROTATION` switched between calls (what
+    benchmarks/rotation_cost.py does): each call runs the implementation named at its time
+    (the replay key holds it; a stale recording would replay the other one's launches), both
+    close to float64 on outlier features and to each other."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, v, cq, ck = random_batch([300, 700], [300, 900], 4, device="cuda", seed=91)
+    for x in (q, k):
+        x[..., 7] *= 10
+        x[..., 128:132] *= 10
+    ref, _ = reference_on_device(q, k, v, cq, ck, causal=True)
+    plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=4, device=q.device, fp8=True,
+                                    kernel=kernel)
+    outs = {}
+    for rotation in ("dense", "kron", "dense"):
+        monkeypatch.setattr(tq, "ROTATION", rotation)
+        for _ in range(2):  # the first call records, the second replays
+            out = torch.full((q.shape[0], 4, 128), float("nan"), dtype=q.dtype, device=q.device)
+            mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=True, fp8_rotate=True, out=out,
+                                    kernel=kernel)
+            key = plan.memo["quant_replay" if kernel == "flash_attn" else "replay"][0]
+            assert rotation in key, (rotation, key)
+            err = rel_err(out, ref)
+            assert err < 0.07, (rotation, err)
+            outs.setdefault(rotation, out)
+    assert rel_err(outs["kron"], outs["dense"]) < 0.02

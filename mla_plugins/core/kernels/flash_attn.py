@@ -497,15 +497,15 @@ class FlashAttnKernel(Kernel):
                 scratch[name].copy_(x8)
                 scratch["descales"][i, : scales.shape[0]].copy_(scales)
             return
+        from . import triton_quant as tq
+
         q, k, v = inputs.q, inputs.k, inputs.v
-        key = (q.dtype, inputs.fp8_rotate, token, q.stride(), k.stride(), v.stride(),
-               q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+        key = (q.dtype, inputs.fp8_rotate and tq.ROTATION, token, q.stride(), k.stride(),
+               v.stride(), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
         memo = plan.memo.get("quant_replay")
         if memo is not None and memo[0] == key and memo[1] is not None:
             memo[1](plan.device.index, {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr()})
             return
-
-        from . import triton_quant as tq
 
         rotation = tq.rotation_operand(plan.device, q.dtype)  # before recording (module doc)
 

@@ -279,7 +279,7 @@ def quantize_heads(
     fp8_dtype: torch.dtype,
     *,
     rotate: bool,
-    rotation: str = tq.ROTATION,
+    rotation: str | None = None,
     fp8_max: float | None = None,
     out: tuple[torch.Tensor, ...] | None = None,
     heads_per_program: int = 1,

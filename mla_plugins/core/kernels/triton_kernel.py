@@ -540,7 +540,8 @@ class TritonKernel(Kernel):
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         lp = 0 if lse is None else lse.data_ptr()
         key = (
-            inputs.fp8, inputs.fp8_rotate, q.dtype, inputs.softmax_scale, token,
+            inputs.fp8, inputs.fp8 and inputs.fp8_rotate and _rotation(), q.dtype,
+            inputs.softmax_scale, token,
             q.stride(), k.stride(), v.stride(), out.stride(), None if lse is None else lse.stride(),
             qp % 16, kp % 16, vp % 16, op % 16, lp % 16,
         )
@@ -643,6 +644,14 @@ def _storage_dtype(fp8_dtype: torch.dtype) -> torch.dtype:
     """What the fp8 copies are stored in: the fp8 format, or what tests set for the interpreter."""
     storage = globals().get("_FP8_STORAGE")
     return storage if storage is not None and _interpreting() else fp8_dtype
+
+
+def _rotation() -> str:
+    """The rotation implementation the quantization takes now (`triton_quant.ROTATION`): part
+    of the replay key, since a recording holds one implementation's launches."""
+    from . import triton_quant as tq
+
+    return tq.ROTATION
 
 
 @functools.cache

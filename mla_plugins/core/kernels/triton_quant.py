@@ -108,7 +108,8 @@ Q_BLOCKS_ROTATED = 2
 #: the rotation's implementations (`rotation=`): "dense", x @ M as four products of M's
 #: blocks (M in shared memory, 72 KB); "kron", two batched products of 16 x 16 tiles per row
 #: (`kron_to_fp8`, operands of 1.5 KB). The default stays "dense" until the device has
-#: timed both (benchmarks/quant_bench.py).
+#: timed both (benchmarks/quant_bench.py). `rotation=None` everywhere means ROTATION, read
+#: at the call (benchmarks/rotation_cost.py switches it; the providers' replay keys hold it).
 ROTATIONS = ("dense", "kron")
 ROTATION = "dense"
 #: rows of one Kronecker tile (`kron_cast`, `kron_rows=`: 16, 32 or 64). Compiled for sm_90
@@ -635,21 +636,27 @@ if triton is not None:
             _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, FP8_MAX,
                       HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS)
 
-def quant_warps(device: torch.device, rotate: bool, rotation: str = ROTATION) -> int:
+def quant_warps(device: torch.device, rotate: bool, rotation: str | None = None) -> int:
     """num_warps of the quantization kernels on this device (NUM_WARPS_ROTATED_ROCM for the
     dense rotation on ROCm, NUM_WARPS elsewhere)."""
     return warps_for(device.type == "cuda" and bool(torch.version.hip), rotate, rotation)
 
 
-def warps_for(rocm: bool, rotate: bool, rotation: str = ROTATION) -> int:
+def warps_for(rocm: bool, rotate: bool, rotation: str | None = None) -> int:
     """`quant_warps` on ROCm (`rocm`) or elsewhere."""
-    return NUM_WARPS_ROTATED_ROCM if rotate and rotation == "dense" and rocm else NUM_WARPS
+    return NUM_WARPS_ROTATED_ROCM if rotate and current_rotation(rotation) == "dense" and rocm else NUM_WARPS
 
 
-def check_rotation(rotation: str, kron_rows: int = KRON_ROWS) -> bool:
+def current_rotation(rotation: str | None = None) -> str:
+    """`rotation`, or ROTATION (the module's, as it is now) for None."""
+    return ROTATION if rotation is None else rotation
+
+
+def check_rotation(rotation: str | None, kron_rows: int = KRON_ROWS) -> bool:
     """Whether `rotation` is "kron" (the Kronecker kernels' KRON constexpr); ValueError naming
     the argument unless it is one of ROTATIONS and `kron_rows` one of KRON_ROWS_ALLOWED (each
     divides the 64-row blocks the kernels cast)."""
+    rotation = current_rotation(rotation)
     if rotation not in ROTATIONS:
         raise ValueError(f"rotation: found {rotation!r}, expected one of {', '.join(ROTATIONS)}")
     if kron_rows not in KRON_ROWS_ALLOWED:
@@ -709,13 +716,14 @@ def kron_operand(dtype: torch.dtype, device=None) -> torch.Tensor:
 
 
 def rotation_operand(device: torch.device, dtype: torch.dtype,
-                     rotation: str = ROTATION) -> torch.Tensor:
+                     rotation: str | None = None) -> torch.Tensor:
     """The rotation's device operand in `dtype` (bf16/fp16: its entries are exact) on `device`:
     M = `fp8.rotation_pm1()` [192, 192] for "dense", `kron_operand` [3, 16, 16] for "kron";
     made once per (device, dtype, rotation) and kept: a launch recorded for replay
     (triton_launch) may point at it for the life of the process. Make it before recording
     (its first creation copies to the device)."""
     kron = check_rotation(rotation)
+    rotation = current_rotation(rotation)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (device, dtype, rotation)
@@ -740,7 +748,7 @@ def quantize_qkv(
     out: tuple[torch.Tensor, ...] | None = None,
     *,
     rotate: bool = False,
-    rotation: str = ROTATION,
+    rotation: str | None = None,
     heads_per_program: int = HEADS_PER_PROGRAM,
     num_warps: int | None = None,
     parts: int = PARTS,
@@ -822,7 +830,7 @@ def quantize_kv(
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     *,
     rotate: bool = False,
-    rotation: str = ROTATION,
+    rotation: str | None = None,
     heads_per_program: int = HEADS_PER_PROGRAM,
     num_warps: int | None = None,
     parts: int = PARTS,

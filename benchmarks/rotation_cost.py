@@ -1,0 +1,124 @@
+"""What the fp8 rotation costs end to end, per implementation, on the H200 (GPU time).
+
+    PYTHONPATH=. python benchmarks/rotation_cost.py [--out benchmarks/results/h200-rotation.json]
+
+Issue 22's cost goal: fp8 end to end (bf16 in, the quantization and the attention timed) at
+most 3% slower with the rotation at the four large shapes, 5% at the small ones. Per shape and
+provider (`flash_attn`: FA3 after `triton_heads.quantize_heads`; `triton`: ours after
+`triton_quant.quantize_qkv`), one plan, `mla_prefill(..., fp8=True, fp8_rotate=...)` replayed
+from a CUDA graph: unrotated, rotated with each implementation of `triton_quant.ROTATIONS`
+(selected through `triton_quant.ROTATION`, which the providers read per call). Three rounds,
+the variants interleaved, median per variant; errors against float64 on the outlier recipe
+(features 7 and 128-131 of q and k scaled by 10) beside each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SHAPES = [
+    ("B1-S8192-H128", [8192], [8192], 128),
+    ("B4-S4096-H16", [4096] * 4, [4096] * 4, 16),
+    ("B1-S16384-H16", [16384], [16384], 16),
+    ("B8-S2048-H128", [2048] * 8, [2048] * 8, 128),
+    ("B1-S1024-H16", [1024], [1024], 16),
+    ("B1-S2048-H8", [2048], [2048], 8),
+    ("B16-S512-H16", [512] * 16, [512] * 16, 16),
+]
+OUTLIER_FEATURES = [7, 128, 129, 130, 131]
+
+
+def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation):
+    def fn():
+        if rotation is not None:
+            tq.ROTATION = rotation
+        mla_prefill(q, k, v, plan=plan, fp8=True, fp8_rotate=rotate, out=out, kernel=kernel)
+    return fn
+
+
+def measure_shape(name, lq, lk, heads, kernels, rotations, device) -> list[dict]:
+    from prefill import graph_ms, make_batch
+
+    import mla_plugins
+    from mla_plugins.core.kernels import triton_quant as tq
+    from tests.gpu.conftest import reference_on_device, rel_err
+
+    q, k, v, cq, ck = make_batch(lq, lk, heads, device)
+    q[..., OUTLIER_FEATURES] *= 10
+    k[..., OUTLIER_FEATURES] *= 10
+    ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
+    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
+    rows = []
+    for kernel in kernels:
+        row = {"shape": name, "kernel": kernel}
+        rows.append(row)
+        try:
+            plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=True,
+                                            kernel=kernel, device=device)
+        except Exception as exc:  # noqa: BLE001 - a measurement: say why and go on
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            continue
+        variants = [("plain", False, None)] + [(f"rot_{r}", True, r) for r in rotations]
+        fns = {key: _variant(mla_plugins.mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation)
+               for key, rotate, rotation in variants}
+        samples = {key: [] for key in fns}
+        saved = getattr(tq, "ROTATION", None)
+        try:
+            for key, fn in fns.items():
+                fn()
+                row[f"err_{key}"] = rel_err(out, ref)
+            for _ in range(3):
+                for key, fn in fns.items():
+                    ms = graph_ms(fn)
+                    if ms:
+                        samples[key].append(ms)
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            if saved is not None:
+                tq.ROTATION = saved
+        for key, got in samples.items():
+            if got:
+                row[f"{key}_graph_ms"] = statistics.median(got)
+                row[f"{key}_graph_ms_samples"] = got
+        for key in list(fns)[1:]:
+            if row.get(f"{key}_graph_ms") and row.get("plain_graph_ms"):
+                row[f"{key}_cost"] = row[f"{key}_graph_ms"] / row["plain_graph_ms"] - 1
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--shapes", default=None)
+    parser.add_argument("--kernels", default="flash_attn,triton")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    rotations = list(getattr(tq, "ROTATIONS", ("dense",)))
+    rows = []
+    for name, lq, lk, heads in SHAPES:
+        if args.shapes and name not in args.shapes.split(","):
+            continue
+        rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device)
+        torch.cuda.empty_cache()
+        if args.out:  # what is measured survives a call cut short
+            with open(args.out, "w") as f:
+                json.dump({"env": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()},
+                           "command": "PYTHONPATH=. python benchmarks/rotation_cost.py "
+                                      + " ".join(sys.argv[1:]),
+                           "rotations": rotations, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
