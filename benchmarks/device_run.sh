@@ -11,13 +11,15 @@
 #                                         # every GPU test
 #   bash benchmarks/device_run.sh rotation  # the rotation's implementations: quant_bench (TB/s),
 #                                         # rotation_cost.py (end to end), their GPU tests
+#   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
+#                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
 # Each fits one 10-minute call. Wheels in .whl/ are installed first (carry .whl): fa3-fwd
 # 0.0.3 and einops (FlashAttention-3's forward, the peer and the flash_attn provider's FA3),
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -85,6 +87,22 @@ case "$stage" in
             > "$out/gpu-tests-rotation.log" 2>&1 || status=1
         tail -8 "$out/gpu-tests-rotation.log"
         ;;
+    last)
+        timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
+            > "$out/prefill-auto.log" 2>&1 || status=1
+        tail -12 "$out/prefill-auto.log"
+        timeout 110 python3 benchmarks/host_fa3.py --out "$out/h200-host-fa3.json" \
+            > "$out/host-fa3.log" 2>&1 || status=1
+        timeout 170 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
+            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
+        tail -6 "$out/gpu-tests.log"
+        timeout 60 ncu --kernel-name regex:_head_cast_kernel --launch-skip 3 --launch-count 3 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section InstructionStats --section MemoryWorkloadAnalysis \
+            python3 benchmarks/profile_rotation.py > "$out/ncu-rotation.txt" 2>&1
+        grep -E "Duration|Throughput|Registers|Achieved Occupancy|Stall|Executed Ipc|Issue Slots" \
+            "$out/ncu-rotation.txt" | head -40
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -92,7 +110,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, last or variants)" >&2
         exit 2
         ;;
 esac

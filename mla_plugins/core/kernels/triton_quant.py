@@ -26,7 +26,7 @@ the accumulator: Triton puts every warp of a chained product along its rows, so 
 product at 16 warps would be computed four times over (seen in the ttgir).
 
 Rotation by its Kronecker structure (`rotation="kron"`, the KRON constexpr; "dense", the
-above, stays the default until the device has timed both): M = diag(signs) (H12 ⊗ H16), so
+above, stays the default: timed on the H200, neither is faster everywhere, see ROTATIONS): M = diag(signs) (H12 ⊗ H16), so
 per row (x M)[16 c + d] = sum_a H12[a, c] sum_b xs[16 a + b] H16[b, d] with xs = x * signs.
 The rows are loaded again (after the scale, which both variants take from the same `l1_bits`
 of the same loads) as Kronecker tiles [rows, 16, 16] (`kron_offsets`: [r, b, a] is feature
@@ -107,8 +107,11 @@ Q_BLOCKS = 1
 Q_BLOCKS_ROTATED = 2
 #: the rotation's implementations (`rotation=`): "dense", x @ M as four products of M's
 #: blocks (M in shared memory, 72 KB); "kron", two batched products of 16 x 16 tiles per row
-#: (`kron_to_fp8`, operands of 1.5 KB). The default stays "dense" until the device has
-#: timed both (benchmarks/quant_bench.py). `rotation=None` everywhere means ROTATION, read
+#: (`kron_to_fp8`, operands of 1.5 KB). Timed on the H200 (benchmarks/NOTES.md, stop 25):
+#: q/k/v in one launch rotated 1.45 TB/s kron against 1.33 dense (unrotated 2.8), the
+#: per-head pair 1.57-1.99 against 1.68-1.96 (unrotated 3.2-3.8); end to end through FA3 kron
+#: cost more than dense, through ours a little less: "dense" stays the default. Neither
+#: reaches the unrotated rate, whatever the occupancy. `rotation=None` everywhere means ROTATION, read
 #: at the call (benchmarks/rotation_cost.py switches it; the providers' replay keys hold it).
 ROTATIONS = ("dense", "kron")
 ROTATION = "dense"
