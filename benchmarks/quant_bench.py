@@ -56,8 +56,13 @@ ROTATED_CONFIGS = {
     "qkv": [dict(rotation="kron"), dict(rotation="kron", kron_rows=32),
             dict(rotation="kron", q_blocks=2), dict(rotation="kron", num_warps=8)],
     "heads": [dict(rotation="kron"), dict(rotation="kron", kron_rows=32),
-              dict(rotation="kron", blocks=2), dict(rotation="kron", num_warps=8)],
+              dict(rotation="kron", blocks=2), dict(rotation="kron", num_warps=8),
+              # dense: M (72 KB) is loaded once per program, so more rows per program
+              dict(blocks=4), dict(blocks=8), dict(blocks=16), dict(blocks=8, num_warps=8),
+              dict(blocks=8, heads_per_program=2), dict(rotation="kron", blocks=8, num_warps=8)],
 }
+ROTATED_CONFIGS["qkv"] += [dict(q_blocks=4), dict(q_blocks=8), dict(heads_per_program=2),
+                           dict(heads_per_program=4), dict(q_blocks=8, heads_per_program=4)]
 #: do_bench's warmup and repetition times (ms): short, the kernels take 0.05-2 ms
 WARMUP_MS, REP_MS = 10, 50
 SHAPES = {"B8-S2048-H128": ([2048] * 8, 128), "B1-S8192-H128": ([8192], 128),

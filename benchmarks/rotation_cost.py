@@ -36,15 +36,23 @@ SHAPES = [
 OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 
 
-def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation):
+def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, blocks=None):
+    from mla_plugins.core.kernels import triton_heads as th
+
+    default_blocks = th.BLOCKS_ROTATED
+
     def fn():
         if rotation is not None:
             tq.ROTATION = rotation
-        mla_prefill(q, k, v, plan=plan, fp8=True, fp8_rotate=rotate, out=out, kernel=kernel)
+        th.BLOCKS_ROTATED = default_blocks if blocks is None else blocks
+        try:
+            mla_prefill(q, k, v, plan=plan, fp8=True, fp8_rotate=rotate, out=out, kernel=kernel)
+        finally:
+            th.BLOCKS_ROTATED = default_blocks
     return fn
 
 
-def measure_shape(name, lq, lk, heads, kernels, rotations, device) -> list[dict]:
+def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=()) -> list[dict]:
     from prefill import graph_ms, make_batch
 
     import mla_plugins
@@ -66,9 +74,16 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device) -> list[dict]
         except Exception as exc:  # noqa: BLE001 - a measurement: say why and go on
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             continue
-        variants = [("plain", False, None)] + [(f"rot_{r}", True, r) for r in rotations]
-        fns = {key: _variant(mla_plugins.mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation)
-               for key, rotate, rotation in variants}
+        variants = [("plain", False, None, None)] + [(f"rot_{r}", True, r, None) for r in rotations]
+        if kernel == "flash_attn":  # the per-head cast's rows per program (its own plan each:
+            # a plan's recorded launches hold their grid)
+            variants += [(f"rot_dense_blocks{b}", True, "dense", b) for b in heads_blocks]
+        fns = {}
+        for key, rotate, rotation, blocks in variants:
+            own = plan if blocks is None else mla_plugins.plan_prefill(
+                cq.tolist(), ck.tolist(), num_heads=heads, fp8=True, kernel=kernel, device=device)
+            fns[key] = _variant(mla_plugins.mla_prefill, tq, q, k, v, own, out, kernel, rotate,
+                                rotation, blocks)
         samples = {key: [] for key in fns}
         saved = getattr(tq, "ROTATION", None)
         try:
@@ -103,6 +118,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--shapes", default=None)
     parser.add_argument("--kernels", default="flash_attn,triton")
+    parser.add_argument("--heads-blocks", default="",
+                        help="also the dense rotation through FA3 with these 64-row blocks per "
+                             "cast program (triton_heads.BLOCKS_ROTATED), e.g. 8,16")
     args = parser.parse_args()
     device = torch.device("cuda")
     rotations = list(getattr(tq, "ROTATIONS", ("dense",)))
@@ -110,7 +128,8 @@ def main() -> None:
     for name, lq, lk, heads in SHAPES:
         if args.shapes and name not in args.shapes.split(","):
             continue
-        rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device)
+        blocks = [int(b) for b in args.heads_blocks.split(",") if b]
+        rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device, blocks)
         torch.cuda.empty_cache()
         if args.out:  # what is measured survives a call cut short
             with open(args.out, "w") as f:

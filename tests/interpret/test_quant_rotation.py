@@ -197,6 +197,29 @@ def test_quantize_heads_follows_head_quantize(emulated, mode, splits):
     assert same(torch.where(amax == 0, 1.0, amax / LIMIT), descales)
 
 
+def test_rotated_blocks_leave_every_byte():
+    """The dense rotated cast with `sms` (the FA3 provider's call) takes `rotated_blocks`
+    blocks per program: 8 where the grid stays full (sms=1 here), BLOCKS_ROTATED where it
+    would not; the bytes written are those of the default (poisoned outputs, fresh inputs)."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    assert th.rotated_blocks(8192, 8192, 1, 128, 132) == th.BLOCKS_ROTATED_MAX
+    assert th.rotated_blocks(1024, 1024, 1, 16, 132) == th.BLOCKS_ROTATED
+    assert th.rotated_blocks(300, 300, 1, 1, 1) == 4  # 2 + 2 * 2 programs of 4 blocks
+    q, k, v, cq, ck = batch()
+    heads, b = q.shape[1], len(LENS_Q)
+    results = []
+    for sms in (None, 1):
+        layout = th.head_workspace_layout(q.shape[0], k.shape[0], b, heads, 3, STORE)
+        out = tuple(poisoned(shape, dtype) for _, shape, dtype in layout)
+        results.append(th.quantize_heads(q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), 3, STORE,
+                                         rotate=True, fp8_max=LIMIT, out=out, sms=sms,
+                                         rotation="dense"))
+    assert th.rotated_blocks(max(LENS_Q), max(LENS_K), b, heads, 1) > th.BLOCKS_ROTATED
+    for got, want in zip(*results, strict=True):
+        assert same(got, want)
+
+
 def test_head_splits_fill_the_gpu():
     from mla_plugins.core.kernels import triton_heads as th
 

@@ -512,7 +512,7 @@ class FlashAttnKernel(Kernel):
         def launch():
             th.quantize_heads(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
                plan.max_seqlen_q, plan.max_seqlen_k, scratch["partials"].shape[0],
-               inputs.fp8_dtype, rotate=inputs.fp8_rotate,
+               inputs.fp8_dtype, rotate=inputs.fp8_rotate, sms=default_num_workers(plan.device),
                out=(scratch["q8"], scratch["k8"], scratch["v8"], scratch["descales"],
                     scratch["partials"]))
 

@@ -49,6 +49,13 @@ MIN_CHUNK = 256
 #: with M (72 KB from L2), which more blocks per program amortize
 BLOCKS = 1
 BLOCKS_ROTATED = 2
+#: the dense rotation with `sms` given: up to this many blocks per program where the grid
+#: still has CAST_PROGRAMS_PER_SM programs per SM (`rotated_blocks`). Measured on the H200
+#: (benchmarks/NOTES.md, stop 25): 8 blocks took the rotated pair from 1.90-1.97 to 2.19-2.25
+#: TB/s at B1-S8192-H128 / B8-S2048-H128, and lost at B1-S1024-H16 / B1-S2048-H8 (96 programs);
+#: the stored bytes do not depend on it
+BLOCKS_ROTATED_MAX = 8
+CAST_PROGRAMS_PER_SM = 4
 
 if triton is not None:
     from .triton_quant import (
@@ -253,6 +260,19 @@ def head_splits(max_len: int, batch: int, heads: int, sms: int) -> int:
     return max(1, min(MAX_SPLITS, want, -(-max_len // MIN_CHUNK)))
 
 
+def rotated_blocks(max_seqlen_q: int, max_seqlen_k: int, batch: int, head_groups: int,
+                   sms: int) -> int:
+    """64-row blocks per program of the dense rotated cast: the most of BLOCKS_ROTATED_MAX,
+    4 and BLOCKS_ROTATED that keeps CAST_PROGRAMS_PER_SM programs per SM (`sms`), else
+    BLOCKS_ROTATED."""
+    for blocks in (BLOCKS_ROTATED_MAX, 4, BLOCKS_ROTATED):
+        rows = HEAD_BLOCK * blocks
+        n_q, n_k = max(1, -(-max_seqlen_q // rows)), max(1, -(-max_seqlen_k // rows))
+        if (n_q + 2 * n_k) * batch * head_groups >= CAST_PROGRAMS_PER_SM * max(1, sms):
+            return blocks
+    return BLOCKS_ROTATED
+
+
 def head_workspace_layout(total_q: int, total_k: int, batch: int, heads: int, splits: int,
                           fp8_dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """The regions `quantize_heads` writes, as `Kernel.workspace_layout` lists them
@@ -286,6 +306,7 @@ def quantize_heads(
     num_warps: int | None = None,
     blocks: int | None = None,
     kron_rows: int = tq.KRON_ROWS,
+    sms: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
@@ -301,7 +322,8 @@ def quantize_heads(
     (64-row blocks per pass-2 program) are tuning knobs, and `kron_rows` (rows of one
     Kronecker tile, `triton_quant.KRON_ROWS`) with "kron"; as for `triton_quant.quantize_qkv`,
     the amax rule's outputs do not depend on them, the rotated ones at most by the order of
-    float32 sums.
+    float32 sums. `sms` (the device's SM count) lets the dense rotated cast take
+    `rotated_blocks` blocks per program (None: BLOCKS_ROTATED).
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
@@ -327,8 +349,13 @@ def quantize_heads(
         ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, num_warps=warps,
     )
     if blocks is None:
-        # dense: M's 72 KB load per program, which two blocks amortize; kron: 1.5 KB
-        blocks = BLOCKS_ROTATED if rotate and not kron else BLOCKS
+        # dense: M's 72 KB load per program, which more blocks amortize (`rotated_blocks`
+        # where the caller gives the SM count `sms`); kron: 1.5 KB
+        if rotate and not kron:
+            blocks = (BLOCKS_ROTATED if sms is None else
+                      rotated_blocks(max_seqlen_q, max_seqlen_k, batch, heads // hpp, sms))
+        else:
+            blocks = BLOCKS
     rows = HEAD_BLOCK * blocks
     # at least one program per sequence and tensor: an empty sequence still writes descales
     n_q = max(1, -(-max_seqlen_q // rows))
