@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import sys
-import time
 
 import torch
 
-CALLS = 61
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serving  # noqa: E402  (benchmarks/: the serving loop's timing helpers)
+
+CALLS = serving.CALLS
 SHAPES = [
     ("B1-S512-H16", [512], [512], 16),
     ("B16-S512-H16", [512] * 16, [512] * 16, 16),
@@ -39,44 +41,12 @@ SHAPES = [
 ]
 
 
-def _host_us(fn, warm=5, repeats=15) -> float:
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    loops = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        loops.append((time.perf_counter() - t0) * 1e6 / CALLS)
-        torch.cuda.synchronize()
-    return round(statistics.median(loops), 1)
+def _host_us(fn) -> float:
+    return round(serving._measure(fn, warm=5)[1], 1)
 
 
-def _graph_ms(fn, replays=5) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / CALLS)
-    return round(statistics.median(times), 5)
+def _graph_ms(fn) -> float:
+    return round(serving._graph_ms(fn) / CALLS, 5)
 
 
 def _offsets(lens):
@@ -111,16 +81,7 @@ def measure(name, lens_q, lens_k, heads, fp8, b, fa_module) -> dict:
     row = {"shape": name, "fp8": fp8, "binding": b.describe()}
 
     def build(num_splits=None, sched=None):
-        args = list(b.template)
-        p = b.positions
-        if "num_splits" in p:
-            args[p["num_splits"]] = fa.CONSTANTS["num_splits"] if num_splits is None else num_splits
-        args[p["q"]], args[p["k"]], args[p["v"]], args[p["out"]] = xq, xk, xv, out
-        args[p["cu_seqlens_q"]], args[p["cu_seqlens_k"]] = cq, ck
-        args[p["max_seqlen_q"]], args[p["max_seqlen_k"]] = mq, mk_
-        args[p["softmax_scale"]], args[p["is_causal"]] = scale, True
-        if descales is not None:
-            args[p["q_descale"]], args[p["k_descale"]], args[p["v_descale"]] = descales
+        args = fa.call_args(b, xq, xk, xv, out, cq, ck, mq, mk_, descales, scale, True, num_splits)
         if sched is not None:
             args[b.schema_names.index("scheduler_metadata")] = sched
         return args

@@ -317,6 +317,14 @@ def _fp8_supported(name: str, device_index: int) -> str | None:
 def _call(b: Binding, q, k, v, out, cu_q, cu_k, max_q, max_k, descales, scale, causal,
           num_splits=None):
     """FA3's forward through the raw op, arguments by schema position; returns its lse [H, T]."""
+    return b.op(*call_args(b, q, k, v, out, cu_q, cu_k, max_q, max_k, descales, scale, causal,
+                           num_splits))[1]
+
+
+def call_args(b: Binding, q, k, v, out, cu_q, cu_k, max_q, max_k, descales, scale, causal,
+              num_splits=None) -> list:
+    """The raw op's argument list for one call, by schema position (`_call`'s; benchmarks
+    time the op on it)."""
     args = list(b.template)
     p = b.positions
     if "num_splits" in p:
@@ -327,8 +335,7 @@ def _call(b: Binding, q, k, v, out, cu_q, cu_k, max_q, max_k, descales, scale, c
     args[p["softmax_scale"]], args[p["is_causal"]] = scale, causal
     if descales is not None:
         args[p["q_descale"]], args[p["k_descale"]], args[p["v_descale"]] = descales
-    result = b.op(*args)
-    return result[1]
+    return args
 
 
 def quant_splits(plan: PrefillPlan, heads: int) -> int:
