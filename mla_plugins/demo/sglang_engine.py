@@ -250,8 +250,11 @@ def trace_summary(trace: list[dict], main_pid: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mla_plugins.demo.sglang_engine OUT.json [--fp8] [--tp N]`: one engine run plus
-    the reference comparison, as JSON (the test runs this in a fresh process)."""
+    """`python -m mla_plugins.demo.sglang_engine OUT.json [--fp8 0|1 ...] [--tp N ...]`: one
+    engine per (tp, fp8) pair, in order, plus the reference comparison, as JSON (the test runs
+    this in a fresh process: one SGLang import, one checkpoint and one float32 reference for
+    every engine). A tp above 1 binds one core per rank (SGLANG_CPU_OMP_THREADS_BIND "0|1|...",
+    unless set: without a bind list SGLang wants a NUMA node per rank) for its engines only."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m mla_plugins.demo.sglang_engine")
@@ -259,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--fp8", action="append", choices=["0", "1"], default=None,
                         help="one engine per value, in order (default: 0)")
-    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--tp", type=int, action="append", default=None,
+                        help="engines at each of these tp sizes, in order (default: 1)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir)
     model = workdir / "tiny-deepseek-v2"
@@ -269,9 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     _models.clear()  # the reference model is loaded again after the engines, not held during them
     runs = []
     reference = None
-    for fp8 in [v == "1" for v in (args.fp8 or ["0"])]:
-        label = f"{'fp8' if fp8 else 'bf16'}-tp{args.tp}"
-        result = run_engine(model, requests, label=label, fp8=fp8, tp_size=args.tp,
+    bind = os.environ.get("SGLANG_CPU_OMP_THREADS_BIND")
+    for tp, fp8 in [(tp, v == "1") for tp in (args.tp or [1]) for v in (args.fp8 or ["0"])]:
+        label = f"{'fp8' if fp8 else 'bf16'}-tp{tp}"
+        if bind is None and tp > 1:
+            os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(r) for r in range(tp))
+        elif bind is None:
+            os.environ.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
+        result = run_engine(model, requests, label=label, fp8=fp8, tp_size=tp,
                             trace_file=workdir / f"trace-{label}.jsonl")
         if reference is None:
             reference = {name: reference_top1(model, prompts) for name, prompts in requests.items()}

@@ -1,14 +1,14 @@
 """SGLang end to end: a real `sglang.Engine(device="cpu")` generates through our prefill.
 
-One fresh process (`python -m mla_plugins.demo.sglang_engine`) starts two engines in turn,
-bf16 then fp8 (MLA_PLUGINS_FP8=1), each with `--prefill-attention-backend mla_plugins
+One fresh process (`python -m mla_plugins.demo.sglang_engine`) starts four engines in turn,
+bf16 then fp8 (MLA_PLUGINS_FP8=1) at tp_size 1, then both at tp_size 2, each with `--prefill-attention-backend mla_plugins
 --decode-attention-backend torch_native` and no kernel pinned, on a tiny random DeepSeek-V2
 built here, and sends: several plain prompts in one batch, a prompt that reuses a cached
 prefix, and a long prompt cut by chunked prefill so that SGLang's chunked-prefix path runs
 (see that module's docstring). The reference is transformers' DeepSeek-V2 in float32.
 
-The same two engines again at tp_size=2 (issue 15): two scheduler ranks, one core each
-(SGLANG_CPU_OMP_THREADS_BIND="0|1"), 2 heads per rank.
+At tp_size=2 (issue 15): two scheduler ranks, one core each
+(SGLANG_CPU_OMP_THREADS_BIND="0|1", set by the runner for those engines), 2 heads per rank.
 
 SGLang's CPU engine imports names from `sgl_kernel`; the import-only stand-in in
 tests/sglang/env/sgl_kernel_standin logs every import and call, and a call would raise.
@@ -64,15 +64,22 @@ def _run_engines(work: Path, *args: str, **extra_env: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    return _run_engines(tmp_path_factory.mktemp("sglang-engine"), "--fp8", "0", "--fp8", "1")
+def engines(tmp_path_factory):
+    # one process for the four engines (tp 1 and 2, bf16 and fp8): one SGLang import, one
+    # checkpoint, one float32 reference; at tp 2 the runner binds one core per rank
+    # (without a bind list SGLang wants a NUMA node per rank, and this machine has one)
+    return _run_engines(tmp_path_factory.mktemp("sglang-engine"), "--tp", "1", "--tp", "2",
+                        "--fp8", "0", "--fp8", "1")
 
 
 @pytest.fixture(scope="module")
-def engine_tp2(tmp_path_factory):
-    # one core per rank: without a bind list SGLang wants a NUMA node per rank (this has one)
-    return _run_engines(tmp_path_factory.mktemp("sglang-engine-tp2"), "--tp", "2", "--fp8", "0", "--fp8", "1",
-                        SGLANG_CPU_OMP_THREADS_BIND="0|1")
+def engine(engines):
+    return engines
+
+
+@pytest.fixture(scope="module")
+def engine_tp2(engines):
+    return engines
 
 
 @pytest.mark.parametrize("label", ["bf16-tp1", "fp8-tp1"])
