@@ -70,10 +70,7 @@ def _flash_attn_kernel(n: int, h: int):
     from mla_plugins.core.kernels import flash_attn as fa
 
     lse_ht = torch.randn(h, n)
-
-    class _Overload:  # the schema text of fa3-fwd 0.0.3's fwd, read from its library
-        pass
-
+    # fa3-fwd 0.0.3's fwd schema, argument names in order (read from its library)
     names = ("q k v k_new v_new q_v out cu_seqlens_q cu_seqlens_k cu_seqlens_k_new seqused_q "
              "seqused_k max_seqlen_q max_seqlen_k page_table kv_batch_idx leftpad_k rotary_cos "
              "rotary_sin seqlens_rotary q_descale k_descale v_descale softmax_scale is_causal "

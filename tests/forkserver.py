@@ -37,9 +37,8 @@ PRELOAD = ("torch._dynamo", "torch._inductor", "torch.distributed.tensor", "symp
            "transformers.activations")
 
 SERVER = r"""
-import importlib, json, os, signal, sys, traceback
+import importlib, importlib.util, json, os, signal, sys, traceback
 import torch  # noqa: F401  the one import every cell begins with
-import importlib.util
 # only in a framework's environment (transformers beside it): the core's cells import no
 # compiler stack, and would only wait for it
 for name in sys.argv[1:] if importlib.util.find_spec("transformers") else ():

@@ -298,6 +298,15 @@ def _call_signature(q, k, v, softmax_scale, out) -> tuple:
             None if out is None else (out.shape, out.stride(), out.dtype, out.device))
 
 
+def _run(chosen, inputs: PrefillInputs, plan: PrefillPlan, out, return_lse: bool, workspace):
+    """The chosen kernel's run into `out`; lse [total_q, H] (the kernel's own where it has
+    one: `Kernel.run_with_lse`) or None."""
+    if return_lse:
+        return chosen.run_with_lse(inputs, plan, out, workspace)
+    chosen.run(inputs, plan, out, None, workspace)
+    return None
+
+
 def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace,
                   fp8_rotate):
     """A layer's call of a batch whose arguments look like one this plan accepted: every
@@ -321,11 +330,7 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
     )
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    if return_lse:
-        lse = chosen.run_with_lse(inputs, plan, out, workspace)
-    else:
-        lse = None
-        chosen.run(inputs, plan, out, None, workspace)
+    lse = _run(chosen, inputs, plan, out, return_lse, workspace)
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=out_shape[0], k_tokens=plan.total_k,
                        heads=out_shape[1], auto_bf16=plan.auto_bf16 and given_fp8 is True)
@@ -406,11 +411,7 @@ def mla_prefill(
         inputs = replace(inputs, cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k)
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    if return_lse:
-        lse = chosen.run_with_lse(inputs, plan, out, workspace)
-    else:
-        lse = None
-        chosen.run(inputs, plan, out, None, workspace)
+    lse = _run(chosen, inputs, plan, out, return_lse, workspace)
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=q.shape[0], k_tokens=k.shape[0],
                        heads=q.shape[1], auto_bf16=given[3] is True and not inputs.fp8 and (

@@ -40,6 +40,8 @@ OURS = (
     ("ours_bf16", dict(ours=True, select_by_name="MLA_PLUGINS")),
     ("ours_fp8", dict(ours=True, fp8=True, select_by_name="CUSTOM")),
 )
+#: every run of one rank count: vLLM's built-in prefill (the reference), then ours
+ENGINES = (("builtin_bf16", dict(ours=False)), *OURS)
 
 
 def _engines(model, prompts, workdir: Path, engines, tensor_parallel_size: int) -> dict:
@@ -57,7 +59,9 @@ def _engines(model, prompts, workdir: Path, engines, tensor_parallel_size: int) 
     return runs
 
 
-def _compare(runs: dict, base: dict) -> dict:
+def _compare(runs: dict) -> dict:
+    """Ours against the built-in prefill of the same rank count."""
+    base = runs["builtin_bf16"]
     return {
         label: {
             "generated_equal": runs[label]["tokens"] == base["tokens"],
@@ -71,16 +75,13 @@ def _compare(runs: dict, base: dict) -> dict:
 def run_all(workdir: Path, tensor_parallel_size: int = 1, also_tp: int | None = None) -> dict:
     model = build_tiny_deepseek_v2(workdir / "tiny-deepseek-v2")
     prompts = make_prompts()
-    runs = _engines(model, prompts, workdir, (("builtin_bf16", dict(ours=False)), *OURS),
-                    tensor_parallel_size)
-    base = runs["builtin_bf16"]
+    runs = _engines(model, prompts, workdir, ENGINES, tensor_parallel_size)
     result = {"prompt_lengths": [len(p) for p in prompts], "tensor_parallel_size": tensor_parallel_size,
-              "runs": runs, "comparison": _compare(runs, base)}
+              "runs": runs, "comparison": _compare(runs)}
     if also_tp:
-        tp_runs = _engines(model, prompts, workdir, (("builtin_bf16", dict(ours=False)), *OURS),
-                           also_tp)
+        tp_runs = _engines(model, prompts, workdir, ENGINES, also_tp)
         result["tp"] = {"tensor_parallel_size": also_tp, "runs": tp_runs,
-                        "comparison": _compare(tp_runs, tp_runs["builtin_bf16"])}
+                        "comparison": _compare(tp_runs)}
     return result
 
 

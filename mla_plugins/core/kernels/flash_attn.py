@@ -507,19 +507,23 @@ class FlashAttnKernel(Kernel):
         from . import triton_quant as tq
 
         q, k, v = inputs.q, inputs.k, inputs.v
-        key = (q.dtype, inputs.fp8_rotate and tq.ROTATION, token, q.stride(), k.stride(),
-               v.stride(), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+        # the rotation's implementation in the key: a recording holds one's launches
+        rotation = tq.current_rotation() if inputs.fp8_rotate else None
+        key = (q.dtype, rotation, token, q.stride(), k.stride(), v.stride(),
+               q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
         memo = plan.memo.get("quant_replay")
         if memo is not None and memo[0] == key and memo[1] is not None:
             memo[1](plan.device.index, {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr()})
             return
 
-        rotation = tq.rotation_operand(plan.device, q.dtype)  # before recording (module doc)
+        # made before recording (module doc)
+        operand = tq.rotation_operand(plan.device, q.dtype, rotation) if rotation else None
 
         def launch():
             th.quantize_heads(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
                plan.max_seqlen_q, plan.max_seqlen_k, scratch["partials"].shape[0],
-               inputs.fp8_dtype, rotate=inputs.fp8_rotate, sms=default_num_workers(plan.device),
+               inputs.fp8_dtype, rotate=inputs.fp8_rotate, rotation=rotation,
+               sms=default_num_workers(plan.device),
                out=(scratch["q8"], scratch["k8"], scratch["v8"], scratch["descales"],
                     scratch["partials"]))
 
@@ -534,7 +538,7 @@ class FlashAttnKernel(Kernel):
         triton_launch.wrap_kernels(th)
         recorder = triton_launch.Recorder(
             {"q": q, "k": k, "v": v},
-            list(scratch.values()) + [plan.cu_seqlens_q, plan.cu_seqlens_k, rotation])
+            list(scratch.values()) + [plan.cu_seqlens_q, plan.cu_seqlens_k, operand])
         with recorder:
             launch()
         plan.memo["quant_replay"] = (key, recorder.replay())

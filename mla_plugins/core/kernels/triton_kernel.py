@@ -539,9 +539,14 @@ class TritonKernel(Kernel):
             return
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         lp = 0 if lse is None else lse.data_ptr()
+        rotation = None
+        if inputs.fp8 and inputs.fp8_rotate:
+            from . import triton_quant as tq
+
+            # in the key: a recording holds one implementation's launches
+            rotation = tq.current_rotation()
         key = (
-            inputs.fp8, inputs.fp8 and inputs.fp8_rotate and _rotation(), q.dtype,
-            inputs.softmax_scale, token,
+            inputs.fp8, rotation, q.dtype, inputs.softmax_scale, token,
             q.stride(), k.stride(), v.stride(), out.stride(), None if lse is None else lse.stride(),
             qp % 16, kp % 16, vp % 16, op % 16, lp % 16,
         )
@@ -563,11 +568,9 @@ class TritonKernel(Kernel):
             _ensure_wrapped()
             buffers = [t for t in scratch.values()] + [plan.work_info, plan.cu_seqlens_q,
                                                         plan.cu_seqlens_k]
-            if inputs.fp8 and inputs.fp8_rotate:
-                from . import triton_quant as tq
-
+            if rotation is not None:
                 # made (copied to the device) before recording, kept for the process's life
-                buffers.append(tq.rotation_operand(device, q.dtype))
+                buffers.append(tq.rotation_operand(device, q.dtype, rotation))
             recorder = tl_launch.Recorder({"q": q, "k": k, "v": v, "out": out, "lse": lse}, buffers)
             with recorder:
                 self._run_ordinary(inputs, plan, out, lse, scratch)
@@ -644,14 +647,6 @@ def _storage_dtype(fp8_dtype: torch.dtype) -> torch.dtype:
     """What the fp8 copies are stored in: the fp8 format, or what tests set for the interpreter."""
     storage = globals().get("_FP8_STORAGE")
     return storage if storage is not None and _interpreting() else fp8_dtype
-
-
-def _rotation() -> str:
-    """The rotation implementation the quantization takes now (`triton_quant.ROTATION`): part
-    of the replay key, since a recording holds one implementation's launches."""
-    from . import triton_quant as tq
-
-    return tq.ROTATION
 
 
 @functools.cache

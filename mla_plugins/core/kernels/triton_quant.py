@@ -26,8 +26,8 @@ the accumulator: Triton puts every warp of a chained product along its rows, so 
 product at 16 warps would be computed four times over (seen in the ttgir).
 
 Rotation by its Kronecker structure (`rotation="kron"`, the KRON constexpr; "dense", the
-above, stays the default: timed on the H200, neither is faster everywhere, see ROTATIONS): M = diag(signs) (H12 ⊗ H16), so
-per row (x M)[16 c + d] = sum_a H12[a, c] sum_b xs[16 a + b] H16[b, d] with xs = x * signs.
+above, stays the default: timed on the H200, neither is faster everywhere, see ROTATIONS):
+M = diag(signs) (H12 ⊗ H16), so per row (x M)[16 c + d] = sum_a H12[a, c] sum_b xs[16 a + b] H16[b, d] with xs = x * signs.
 The rows are loaded again (after the scale, which both variants take from the same `l1_bits`
 of the same loads) as Kronecker tiles [rows, 16, 16] (`kron_offsets`: [r, b, a] is feature
 16 a + b, groups 12 ... 15 masked to zeros), KRON_ROWS rows at a time, signs applied as a
@@ -111,8 +111,9 @@ Q_BLOCKS_ROTATED = 2
 #: q/k/v in one launch rotated 1.45 TB/s kron against 1.33 dense (unrotated 2.8), the
 #: per-head pair 1.57-1.99 against 1.68-1.96 (unrotated 3.2-3.8); end to end through FA3 kron
 #: cost more than dense, through ours a little less: "dense" stays the default. Neither
-#: reaches the unrotated rate, whatever the occupancy. `rotation=None` everywhere means ROTATION, read
-#: at the call (benchmarks/rotation_cost.py switches it; the providers' replay keys hold it).
+#: reaches the unrotated rate, whatever the occupancy. `rotation=None` everywhere means
+#: ROTATION, read at the call (benchmarks/rotation_cost.py switches it; the providers'
+#: replay keys hold it).
 ROTATIONS = ("dense", "kron")
 ROTATION = "dense"
 #: rows of one Kronecker tile (`kron_cast`, `kron_rows=`: 16, 32 or 64). Compiled for sm_90
@@ -725,8 +726,8 @@ def rotation_operand(device: torch.device, dtype: torch.dtype,
     made once per (device, dtype, rotation) and kept: a launch recorded for replay
     (triton_launch) may point at it for the life of the process. Make it before recording
     (its first creation copies to the device)."""
-    kron = check_rotation(rotation)
     rotation = current_rotation(rotation)
+    kron = check_rotation(rotation)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (device, dtype, rotation)
@@ -770,9 +771,9 @@ def quantize_qkv(
     format's largest value (tests run the fp8 logic with fp16 storage in Triton's
     interpreter). `rotate`: q and k rotated (core/fp8.py), `rotation` (ROTATIONS) saying how:
     "dense" (x @ M, M from `rotation_operand`) or "kron" (`kron_to_fp8`); not read without
-    `rotate`; `kron_rows`: rows of one Kronecker tile (KRON_ROWS). `heads_per_program`, `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row
-    q blocks per program, default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) are tuning
-    knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
+    `rotate`; `kron_rows`: rows of one Kronecker tile (KRON_ROWS). `heads_per_program`,
+    `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row q blocks per program,
+    default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) are tuning knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
     could only change the order of the products' float32 sums (benchmarks/quant_bench.py
     compares every configuration). `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
     default, which is what the attention kernels read.
