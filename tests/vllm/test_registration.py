@@ -30,13 +30,11 @@ def _run(body: str, env: dict | None = None) -> dict:
 
 def test_vllm_loader_discovers_and_runs_register():
     got = _run("""
-import time
 from vllm.plugins import load_general_plugins
 before = snapshot()
-t = time.perf_counter()
 load_general_plugins()
-seconds = time.perf_counter() - t
-print(json.dumps({"before": before, "after": snapshot(), "seconds": seconds}))
+loaded = sorted(m for m in sys.modules if m.startswith("vllm.plugins.lora_resolvers"))
+print(json.dumps({"before": before, "after": snapshot(), "lora_resolvers": loaded}))
 """, env={"VLLM_PLUGINS": "mla_plugins"})
     assert not got["before"]["adapter_imported"] and "MLA_PLUGINS" not in got["before"]["prefill_members"]
     after = got["after"]
@@ -44,28 +42,44 @@ print(json.dumps({"before": before, "after": snapshot(), "seconds": seconds}))
     assert after["adapter_imported"]
     assert after["prefill_overrides"] == {"CUSTOM": path, "MLA_PLUGINS": path}
     assert after["attn_overrides"] == {}  # no slot taken without MLA_PLUGINS_VLLM_OVERRIDE
-    # the loader (entry-point scan + our register) in well under a second; the allow-list keeps
-    # vLLM's own LoRA resolver plugins out of the timing (one imports huggingface_hub: ~2 s here)
-    assert got["seconds"] < 1.0, got["seconds"]
+    # the allow-list loads ours alone: vLLM's own LoRA resolver plugins (one imports
+    # huggingface_hub, ~2 s here) stay out of the process
+    assert got["lora_resolvers"] == [], got["lora_resolvers"]
 
 
 def test_register_is_cheap_and_idempotent():
     got = _run("""
-import time
 import vllm  # already imported in any process where vLLM calls register()
 from mla_plugins.vllm import register
-t = time.perf_counter(); register(); first = time.perf_counter() - t
+before = set(sys.modules)
+register()
+imported = sorted(set(sys.modules) - before)
 one = snapshot()
-t = time.perf_counter(); register(); second = time.perf_counter() - t
+calls = []
+def profile(frame, event, arg):
+    if event == "call":
+        calls.append(frame.f_code.co_qualname)
+sys.setprofile(profile)
+register()
+sys.setprofile(None)
 from mla_plugins.vllm import registration
 registration._done = False  # even a forced second pass changes nothing
 register()
-print(json.dumps({"one": one, "two": snapshot(), "first": first, "second": second}))
+print(json.dumps({"one": one, "two": snapshot(), "imported": imported, "second_calls": calls}))
 """, env={"MLA_PLUGINS_VLLM_OVERRIDE": "CPU", "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": "1"})
     assert got["one"] == got["two"]
     assert got["one"]["prefill_overrides"]["CPU"] == "mla_plugins.vllm.prefill.MLAPluginsPrefillBackend"
     assert got["one"]["cpu_hook"] == "CpuPlatform.check_and_update_config"  # wrapped (functools.wraps)
-    assert got["first"] < 0.25 and got["second"] < 0.001, (got["first"], got["second"])
+    # cheap by what it does, not by a wall clock (a loaded 2-core CI machine triples that):
+    # the first call imports none of our modules beyond the adapter's (the prefill backend and
+    # every kernel load only when vLLM builds the backend) and no compiler, only vLLM's own
+    # registry and platform modules with what they import; the second call is one function
+    # call that returns at the flag
+    ours = [m for m in got["imported"] if m.startswith("mla_plugins")]
+    assert ours == [], ours
+    assert not [m for m in got["imported"] if m.split(".")[0] in ("triton", "transformers", "huggingface_hub")]
+    assert "vllm.v1.attention.backends.mla.prefill.registry" in got["imported"]
+    assert got["second_calls"] == ["register"], got["second_calls"]
 
 
 def test_vllm_plugins_allow_list_excluding_us_leaves_vllm_unchanged():
