@@ -11,6 +11,10 @@
 #                                         # every GPU test
 #   bash benchmarks/device_run.sh rotation  # the rotation's implementations: quant_bench (TB/s),
 #                                         # rotation_cost.py (end to end), their GPU tests
+#   bash benchmarks/device_run.sh amortized  # the rotated casts loading M once for more rows:
+#                                         # quant_bench --amortized, rotation_cost (FA3 with
+#                                         # triton_heads.STAGES 2, 3; ours with
+#                                         # triton_quant.KV_BLOCKS 2, 4), their GPU tests
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -19,7 +23,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -87,6 +91,19 @@ case "$stage" in
             > "$out/gpu-tests-rotation.log" 2>&1 || status=1
         tail -8 "$out/gpu-tests-rotation.log"
         ;;
+    amortized)
+        timeout 200 python3 benchmarks/quant_bench.py --amortized \
+            > "$out/quant-bench-amortized.log" 2>&1 || status=1
+        grep -E "TB/s|differing" "$out/quant-bench-amortized.log" | tail -70
+        timeout 260 python3 benchmarks/rotation_cost.py --rotations dense --heads-stages 2,3 \
+            --kv-blocks 2,4 --out "$out/h200-rotation-amortized.json" \
+            > "$out/rotation-cost-amortized.log" 2>&1 || status=1
+        tail -14 "$out/rotation-cost-amortized.log"
+        timeout 120 python3 -m pytest tests/gpu/test_flash_attn_gpu.py tests/gpu/test_triton.py \
+            -q -p no:cacheprovider -k "flash_attn_gpu or quant or rotat or pipelined or isolat" \
+            > "$out/gpu-tests-amortized.log" 2>&1 || status=1
+        tail -8 "$out/gpu-tests-amortized.log"
+        ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
             > "$out/prefill-auto.log" 2>&1 || status=1
@@ -110,7 +127,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, last or variants)" >&2
         exit 2
         ;;
 esac

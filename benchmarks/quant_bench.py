@@ -20,12 +20,14 @@ the bf16 inputs read once and fp8 written once (block rule: 3 bytes an element),
 (`heads`: 5 bytes an element), plus scales.
 
     PYTHONPATH=. python benchmarks/quant_bench.py [--only kv,qkv,heads] [--rotate-only]
+        [--amortized]
 
 `--rotate-only`: unrotated, only the default configuration is timed (the ceiling the
 rotated rows compare with); rotated, the default (dense) and the kron configurations, not
 the dense one's other knobs (timed by the call of 2026-12-02, benchmarks/NOTES.md). The
 dense-against-kron call: `--only heads,qkv --rotate-only` (~1-2 minutes on an H200, most
-of it compiling; the time taken is printed at the end).
+of it compiling; the time taken is printed at the end). `--amortized`: the rotated casts
+that load M once for more rows (AMORTIZED_CONFIGS), the unrotated defaults beside them.
 """
 
 from __future__ import annotations
@@ -63,6 +65,19 @@ ROTATED_CONFIGS = {
 }
 ROTATED_CONFIGS["qkv"] += [dict(q_blocks=4), dict(q_blocks=8), dict(heads_per_program=2),
                            dict(heads_per_program=4), dict(q_blocks=8, heads_per_program=4)]
+#: `--amortized`: the rotated casts that load M once for more rows, against their defaults:
+#: the per-head cast's q and k blocks software-pipelined (`triton_heads.quantize_heads`'
+#: `stages`) beside the same blocks one after another; the block rule's k/v programs over
+#: several key blocks (`triton_quant.quantize_qkv`' `kv_blocks`)
+AMORTIZED_CONFIGS = {
+    "heads": [dict(blocks=8), dict(blocks=8, stages=2), dict(blocks=8, stages=3),
+              dict(blocks=8, num_warps=8), dict(blocks=8, stages=2, num_warps=8),
+              dict(blocks=8, stages=3, num_warps=8), dict(blocks=4, stages=3),
+              dict(blocks=16, stages=3), dict(blocks=16, stages=3, num_warps=8)],
+    "qkv": [dict(), dict(kv_blocks=2), dict(kv_blocks=4), dict(kv_blocks=8),
+            dict(kv_blocks=4, q_blocks=4), dict(kv_blocks=4, q_blocks=8),
+            dict(kv_blocks=4, num_warps=8)],
+}
 #: do_bench's warmup and repetition times (ms): short, the kernels take 0.05-2 ms
 WARMUP_MS, REP_MS = 10, 50
 SHAPES = {"B8-S2048-H128": ([2048] * 8, 128), "B1-S8192-H128": ([8192], 128),
@@ -121,8 +136,10 @@ def differing_bytes(a, b):
             for x, y in zip(a, b, strict=True) if x is not None]
 
 
-def configs(variant, rotate, rotate_only):
+def configs(variant, rotate, rotate_only, amortized=False):
     """The configurations run for (variant, rotate); the first is the default."""
+    if amortized:
+        return AMORTIZED_CONFIGS[variant] if rotate else CONFIGS[variant][:1]
     if not rotate:
         return CONFIGS[variant][:1] if rotate_only else CONFIGS[variant]
     return (CONFIGS[variant][:1] if rotate_only else CONFIGS[variant]) + ROTATED_CONFIGS[variant]
@@ -145,8 +162,11 @@ def main():
     ap.add_argument("--rotate-only", action="store_true",
                     help="unrotated: the default configuration's timing only; rotated: the "
                          "default (dense) and the kron configurations")
+    ap.add_argument("--amortized", action="store_true",
+                    help="heads and qkv: the unrotated default, then the rotated "
+                         "AMORTIZED_CONFIGS")
     args = ap.parse_args()
-    variants = args.only.split(",")
+    variants = ["heads", "qkv"] if args.amortized else args.only.split(",")
     unknown = sorted(set(variants) - set(CONFIGS))
     if unknown:
         ap.error(f"--only: found {','.join(unknown)}, expected some of {','.join(CONFIGS)}")
@@ -155,7 +175,7 @@ def main():
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}, {sms} SMs")
     for variant in variants:
         for rotate in (False, True):
-            chosen = configs(variant, rotate, args.rotate_only)
+            chosen = configs(variant, rotate, args.rotate_only, args.amortized)
             if len(chosen) < 2:
                 continue  # nothing to compare with the default
             for name, (lens, heads) in CHECKS.items():
@@ -174,8 +194,8 @@ def main():
     for variant in variants:
         for rotate in (False, True):
             for name, (lens, heads) in SHAPES.items():
-                _time(variant, rotate, name, lens, heads, sms, configs(variant, rotate,
-                                                                     args.rotate_only))
+                _time(variant, rotate, name, lens, heads, sms,
+                      configs(variant, rotate, args.rotate_only, args.amortized))
         print(f"{variant} timed at {time.perf_counter() - start:.0f} s")
 
 

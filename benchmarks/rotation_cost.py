@@ -31,26 +31,32 @@ SHAPES = [s for s in PREFILL_SHAPES if not s[0].startswith("chunked")]
 OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 
 
-def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, blocks=None):
-    from mla_plugins.core.kernels import triton_heads as th
-
-    default_blocks = th.BLOCKS_ROTATED
+def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, knobs=None):
+    """The call of one variant; `knobs` ({(module, name): value} of module constants the
+    providers read per call: triton_heads' BLOCKS_ROTATED or STAGES, triton_quant's
+    KV_BLOCKS) set for the call only."""
+    knobs = knobs or {}
+    saved = {key: getattr(*key) for key in knobs}
 
     def fn():
         if rotation is not None:
             tq.ROTATION = rotation
-        th.BLOCKS_ROTATED = default_blocks if blocks is None else blocks
+        for (module, name), value in knobs.items():
+            setattr(module, name, value)
         try:
             mla_prefill(q, k, v, plan=plan, fp8=True, fp8_rotate=rotate, out=out, kernel=kernel)
         finally:
-            th.BLOCKS_ROTATED = default_blocks
+            for (module, name), value in saved.items():
+                setattr(module, name, value)
     return fn
 
 
-def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=()) -> list[dict]:
+def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=(),
+                  heads_stages=(), kv_blocks=()) -> list[dict]:
     from prefill import graph_ms, make_batch
 
     import mla_plugins
+    from mla_plugins.core.kernels import triton_heads as th
     from mla_plugins.core.kernels import triton_quant as tq
     from tests.gpu.conftest import reference_on_device, rel_err
 
@@ -70,15 +76,22 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             continue
         variants = [("plain", False, None, None)] + [(f"rot_{r}", True, r, None) for r in rotations]
-        if kernel == "flash_attn":  # the per-head cast's rows per program (its own plan each:
-            # a plan's recorded launches hold their grid)
-            variants += [(f"rot_dense_blocks{b}", True, "dense", b) for b in heads_blocks]
+        if kernel == "flash_attn":  # the per-head cast's rows per program and pipeline
+            # stages (their own plan each: a plan's recorded launches hold their grid and
+            # constexprs)
+            variants += [(f"rot_dense_blocks{b}", True, "dense", {(th, "BLOCKS_ROTATED"): b})
+                         for b in heads_blocks]
+            variants += [(f"rot_dense_stages{n}", True, "dense", {(th, "STAGES"): n})
+                         for n in heads_stages]
+        if kernel == "triton":  # key blocks per k/v program of the block rule's launch
+            variants += [(f"rot_dense_kv_blocks{n}", True, "dense", {(tq, "KV_BLOCKS"): n})
+                         for n in kv_blocks]
         fns = {}
-        for key, rotate, rotation, blocks in variants:
-            own = plan if blocks is None else mla_plugins.plan_prefill(
+        for key, rotate, rotation, knobs in variants:
+            own = plan if knobs is None else mla_plugins.plan_prefill(
                 cq.tolist(), ck.tolist(), num_heads=heads, fp8=True, kernel=kernel, device=device)
             fns[key] = _variant(mla_plugins.mla_prefill, tq, q, k, v, own, out, kernel, rotate,
-                                rotation, blocks)
+                                rotation, knobs)
         samples = {key: [] for key in fns}
         saved = getattr(tq, "ROTATION", None)
         try:
@@ -116,15 +129,33 @@ def main() -> None:
     parser.add_argument("--heads-blocks", default="",
                         help="also the dense rotation through FA3 with these 64-row blocks per "
                              "cast program (triton_heads.BLOCKS_ROTATED), e.g. 8,16")
+    parser.add_argument("--heads-stages", default="",
+                        help="also the dense rotation through FA3 with the per-head cast's q "
+                             "and k blocks pipelined in these stages (triton_heads.STAGES), "
+                             "e.g. 2,3")
+    parser.add_argument("--kv-blocks", default="",
+                        help="also the dense rotation through ours with these 128-key blocks "
+                             "per k/v program (triton_quant.KV_BLOCKS), e.g. 2,4")
+    parser.add_argument("--rotations", default=None,
+                        help="the implementations timed (default: all of triton_quant.ROTATIONS)")
     args = parser.parse_args()
     device = torch.device("cuda")
     rotations = list(getattr(tq, "ROTATIONS", ("dense",)))
+    if args.rotations:
+        unknown = sorted(set(args.rotations.split(",")) - set(rotations))
+        if unknown:
+            parser.error(f"--rotations: found {','.join(unknown)}, expected some of "
+                         f"{','.join(rotations)}")
+        rotations = args.rotations.split(",")
     rows = []
     for name, lq, lk, heads in SHAPES:
         if args.shapes and name not in args.shapes.split(","):
             continue
         blocks = [int(b) for b in args.heads_blocks.split(",") if b]
-        rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device, blocks)
+        stages = [int(n) for n in args.heads_stages.split(",") if n]
+        kv_blocks = [int(n) for n in args.kv_blocks.split(",") if n]
+        rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device,
+                              blocks, stages, kv_blocks)
         torch.cuda.empty_cache()
         if args.out:  # what is measured survives a call cut short
             with open(args.out, "w") as f:

@@ -284,6 +284,56 @@ def test_head_quantization_matches_head_quantize(splits, mode, phase1, device):
     assert (descales[:, 1] == 1).all()
 
 
+@pytest.mark.parametrize("rotate", [True, False])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_pipelined_head_cast_writes_the_same_bytes(stages, rotate, phase1, device):
+    """quantize_heads' `stages` (the pipelined q and k blocks loop, compiled for this GPU)
+    against the blocks one after another: every byte of every output the same, outputs
+    poisoned first, blocks past a sequence's end (8 blocks a program) all masked."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    if phase1 != "portable":
+        pytest.skip("no attention: one run")
+    lens = [333, 0, 64, 2000, 1]
+    q, k, v, cq, ck = random_batch(lens, lens, 6, scale=3.0, device=device)
+    k[700, 4, 3] = float("nan")
+    fp8 = torch.float8_e4m3fn
+    got = []
+    for n in (1, stages):
+        out = tuple(poisoned(shape, dtype, device) for _, shape, dtype in
+                    th.head_workspace_layout(q.shape[0], k.shape[0], 5, 6, 7, fp8))
+        got.append(th.quantize_heads(q, k, v, cq, ck, 5, 2000, 2000, 7, fp8, rotate=rotate,
+                                     rotation="dense", blocks=8, stages=n, out=out))
+    for a, b in zip(*got, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_kv_blocks_quantization_writes_the_same_bytes(rotate, phase1, device):
+    """quantize_qkv's `kv_blocks` (several key blocks per k/v program, the rotation's
+    operands loaded once, compiled for this GPU) against one block per program: every byte
+    of every output the same, outputs poisoned first, the last program's blocks past the
+    sequence's end."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    if phase1 != "portable":
+        pytest.skip("no attention: one run")
+    lens_q, lens_k = [333, 0, 64, 2000, 1], [400, 0, 64, 2000, 129]
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, 6, scale=3.0, device=device)
+    k[700, 4, 3] = float("nan")
+    fp8 = torch.float8_e4m3fn
+    t_pad = tq.vt_padded_len(k.shape[0], 5)
+    got = []
+    for n in (1, 3):
+        out = (poisoned((q.shape[0], 6, 192), fp8, device), poisoned((q.shape[0], 6), torch.float32, device),
+               poisoned((k.shape[0], 6, 192), fp8, device), poisoned((6 * 128, t_pad), fp8, device),
+               poisoned((2, 6, t_pad // 16), torch.float32, device))
+        got.append(tq.quantize_qkv(q, k, v, cq, ck, 5, 2000, 2000, fp8, out=out, rotate=rotate,
+                                   rotation="dense", kv_blocks=n))
+    for a, b in zip(*got, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 def _outliers(q, k):
     """A few features of q and k 10x the others (field-findings section 7)."""
     for x in (q, k):

@@ -159,6 +159,21 @@ def test_quantize_qkv_follows_the_block_rule(emulated, mode, parts, permuted, st
         assert (vt8[:, gap] == 0).all(), b
 
 
+@pytest.mark.parametrize("mode,parts", [(m, 2) for m in MODES] + [("rotated", 1)])
+def test_kv_blocks_leave_every_byte(emulated, mode, parts):
+    """`kv_blocks` (key blocks per k/v program, the rotation's operands loaded once for all of
+    them) writes the bytes of one block per program: a 900-key sequence's 8 blocks in three
+    programs of 3 (the last one's third past its end), the others' in one."""
+    rotate, rotation = MODES[mode]
+    q, k, v, cq, ck = random_batch([37, 1, 130], [50, 900, 129], 2, dtype=torch.float16,
+                                   scale=3.0)
+    k[500, 1, 3] = float("inf")  # the long sequence's fourth block (the second program's)
+    got = [qkv(q, k, v, cq, ck, rotate=rotate, rotation=rotation, parts=parts, kv_blocks=n)
+           for n in (1, 3)]
+    for a, b in zip(*got, strict=True):
+        assert same(a, b)
+
+
 def test_quantize_qkv_all_zero_blocks_scale_one(emulated):
     """A block of zeros (q, k, v) has scale 1 and zero values, rotated (either way) or not."""
     q, k, v, cq, ck = batch(bad=False)
@@ -218,6 +233,29 @@ def test_rotated_blocks_leave_every_byte():
     assert th.rotated_blocks(max(LENS_Q), max(LENS_K), b, heads, 1) > th.BLOCKS_ROTATED
     for got, want in zip(*results, strict=True):
         assert same(got, want)
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_pipelined_cast_leaves_every_byte(rotate):
+    """`stages` > 1 (the branch-free blocks loop the pipeliner can overlap) writes the bytes
+    of the default loop, with blocks past a sequence's end (blocks=4 over LENS' short
+    sequences) all masked; "kron" refuses it, naming the argument."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    q, k, v, cq, ck = batch()
+    heads, b = q.shape[1], len(LENS_Q)
+    results = []
+    for stages in (1, 3):
+        layout = th.head_workspace_layout(q.shape[0], k.shape[0], b, heads, 3, STORE)
+        out = tuple(poisoned(shape, dtype) for _, shape, dtype in layout)
+        results.append(th.quantize_heads(q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), 3, STORE,
+                                         rotate=rotate, fp8_max=LIMIT, out=out, blocks=4,
+                                         stages=stages, rotation="dense"))
+    for got, want in zip(*results, strict=True):
+        assert same(got, want)
+    with pytest.raises(ValueError, match="stages: found 2"):
+        th.quantize_heads(q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), 3, STORE, rotate=True,
+                          rotation="kron", stages=2)
 
 
 def test_head_splits_fill_the_gpu():

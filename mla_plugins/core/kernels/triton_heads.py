@@ -56,6 +56,9 @@ BLOCKS_ROTATED = 2
 #: the stored bytes do not depend on it
 BLOCKS_ROTATED_MAX = 8
 CAST_PROGRAMS_PER_SM = 4
+#: software-pipeline stages of a cast program's q and k blocks (`quantize_heads`' `stages`):
+#: 1, the blocks one after another, until a device run measures more (benchmarks/NOTES.md)
+STAGES = 1
 
 if triton is not None:
     from .triton_quant import (
@@ -161,12 +164,16 @@ if triton is not None:
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits, n_q, n_k,
         FP8_MAX: tl.constexpr, ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
         BLOCKS: tl.constexpr, KRON: tl.constexpr, KRON_ROWS: tl.constexpr,
+        STAGES: tl.constexpr,
     ):
         """Grid (n_q + 2 * n_k, sequences, heads / HEADS_PER_PROGRAM): programs j < n_q cast
         q's rows [j * BLOCKS * 64, ...) of the sequence, the next n_k k's, the last n_k v's;
         each sequence's first program of each tensor writes its descales (module doc).
         KRON (with ROTATE): q and k rotated as Kronecker tiles (`triton_quant.kron_cast`,
-        Rot `triton_quant.kron_operand`), else x @ M (Rot M)."""
+        Rot `triton_quant.kron_operand`), else x @ M (Rot M). STAGES > 1 (not with KRON):
+        the q and k blocks loop has no branch (a block past the sequence's end is all
+        masked), so Triton's pipeliner can load the next blocks into shared memory while
+        the current one is multiplied and stored."""
         j = tl.program_id(0)
         b = tl.program_id(1)
         g = tl.program_id(2)
@@ -209,22 +216,32 @@ if triton is not None:
                     s = _head_scale(Partials, which, b, h, bh, heads, splits, FP8_MAX)
                     if jb == 0:
                         tl.store(Descales + (which * bh + b * heads + h), s)
-                    for i in tl.range(0, BLOCKS, num_stages=1):
-                        r0 = first + i * HEAD_BLOCK_C
-                        if r0 < r_end:
-                            ok = (t < r_end - r0)[:, None]
-                            src = X + h.to(tl.int64) * sx_h + r0.to(tl.int64) * sx_t
-                            if ROTATE and KRON:
-                                kron_cast(src, sx_t, X8 + (r0.to(tl.int64) * heads + h) * width,
-                                          heads * width, r_end - r0,
-                                          reciprocal(s) * ROTATION_SCALE_C, m_nn, m_rn, m_nr,
-                                          FP8_MAX, out_ty, HEAD_BLOCK_C, KRON_ROWS)
-                            else:
-                                xn, xr = load_rows(src, off, ok)
-                                yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
-                                                 m_nr, m_rr)
-                                store_rows(X8 + (r0.to(tl.int64) * heads + h) * width, off8, ok,
-                                           yn, yr)
+                    if STAGES > 1:
+                        src_h = X + h.to(tl.int64) * sx_h
+                        dst_h = X8 + h * width
+                        for i in tl.range(0, BLOCKS, num_stages=STAGES):
+                            r0 = first + i * HEAD_BLOCK_C
+                            ok = (t < r_end - r0)[:, None]  # none past the end
+                            xn, xr = load_rows(src_h + r0.to(tl.int64) * sx_t, off, ok)
+                            yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
+                                             m_nr, m_rr)
+                            store_rows(dst_h + r0.to(tl.int64) * heads * width, off8, ok, yn, yr)
+                    else:
+                        for i in tl.range(0, BLOCKS, num_stages=1):
+                            r0 = first + i * HEAD_BLOCK_C
+                            if r0 < r_end:
+                                ok = (t < r_end - r0)[:, None]
+                                src = X + h.to(tl.int64) * sx_h + r0.to(tl.int64) * sx_t
+                                dst = X8 + (r0.to(tl.int64) * heads + h) * width
+                                if ROTATE and KRON:
+                                    kron_cast(src, sx_t, dst, heads * width, r_end - r0,
+                                              reciprocal(s) * ROTATION_SCALE_C, m_nn, m_rn,
+                                              m_nr, FP8_MAX, out_ty, HEAD_BLOCK_C, KRON_ROWS)
+                                else:
+                                    xn, xr = load_rows(src, off, ok)
+                                    yn, yr = qk_cast(xn, xr, s, FP8_MAX, out_ty, ROTATE, m_nn,
+                                                     m_rn, m_nr, m_rr)
+                                    store_rows(dst, off8, ok, yn, yr)
         else:
             jb = j - n_q - n_k
             r_start = tl.load(CuK + b)
@@ -307,6 +324,7 @@ def quantize_heads(
     blocks: int | None = None,
     kron_rows: int = tq.KRON_ROWS,
     sms: int | None = None,
+    stages: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
@@ -323,11 +341,16 @@ def quantize_heads(
     Kronecker tile, `triton_quant.KRON_ROWS`) with "kron"; as for `triton_quant.quantize_qkv`,
     the amax rule's outputs do not depend on them, the rotated ones at most by the order of
     float32 sums. `sms` (the device's SM count) lets the dense rotated cast take
-    `rotated_blocks` blocks per program (None: BLOCKS_ROTATED).
+    `rotated_blocks` blocks per program (None: BLOCKS_ROTATED). `stages` > 1 pipelines the
+    q and k blocks of a program (`_head_cast_kernel`; None: STAGES, or 1 with "kron").
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
     kron = tq.check_rotation(rotation, kron_rows)
+    if stages is None:
+        stages = 1 if rotate and kron else STAGES
+    if stages < 1 or (stages > 1 and rotate and kron):
+        raise ValueError(f"stages: found {stages}, expected 1 or more, and 1 with rotation='kron'")
     for name, x, width in (("q", q, tq.NOPE + tq.ROPE), ("k", k, tq.NOPE + tq.ROPE), ("v", v, tq.DV)):
         if x.dim() != 3 or x.shape[2] != width or x.stride(2) != 1:
             raise ValueError(f"{name}: found shape {tuple(x.shape)} with strides {x.stride()}, "
@@ -366,6 +389,6 @@ def quantize_heads(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         batch, heads, splits, n_q, n_k,
         FP8_MAX=limit, ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, BLOCKS=blocks,
-        KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, num_warps=warps,
+        KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, STAGES=stages, num_warps=warps,
     )
     return q8, k8, v8, descales, partials

@@ -101,6 +101,10 @@ NUM_WARPS_ROTATED_ROCM = 8
 HEADS_PER_PROGRAM = 1
 #: sweeps over halves of a key block (1: the block held at once; see _kv_block)
 PARTS = 2
+#: 128-key blocks one k/v program quantizes in turn (`quantize_qkv`' `kv_blocks`): with more
+#: than 1 the rotation's operands are loaded once per program, not once per block and head;
+#: 1 until a device run measures more (benchmarks/NOTES.md)
+KV_BLOCKS = 1
 #: 64-row q blocks one program quantizes in turn; with ROTATE each program first fills
 #: shared memory with M (72 KB from L2), which more blocks per program amortize
 Q_BLOCKS = 1
@@ -415,13 +419,31 @@ if triton is not None:
                  mask=(t + p * SUB < n_cols)[None, :])
 
     @triton.jit
+    def _block_operands(Rot, m_nn, m_rn, m_nr, m_rr, ROTATE: tl.constexpr, KRON: tl.constexpr,
+                        HOISTED: tl.constexpr):
+        """The rotation's operands a key block's head casts with: the caller's (HOISTED), or
+        loaded here (`load_operands`); zeros unrotated."""
+        if ROTATE:
+            if HOISTED:
+                o_nn, o_rn, o_nr, o_rr = m_nn, m_rn, m_nr, m_rr
+            else:
+                o_nn, o_rn, o_nr, o_rr = load_operands(Rot, KRON)
+        else:
+            o_nn, o_rn, o_nr, o_rr = 0, 0, 0, 0
+        return o_nn, o_rn, o_nr, o_rr
+
+    @triton.jit
     def _kv_block(
         j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
+        m_nn, m_rn, m_nr, m_rr,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
         PERMUTED: tl.constexpr, ROTATE: tl.constexpr, KRON: tl.constexpr,
-        KRON_ROWS: tl.constexpr,
+        KRON_ROWS: tl.constexpr, HOISTED: tl.constexpr,
     ):
         """Key block j of sequence b, heads g * HEADS_PER_PROGRAM ...: k8, vt8 and the scales.
+
+        HOISTED: the rotation's operands are m_nn ... (loaded once by the caller, which casts
+        several blocks); else each head of the block loads them (`load_operands`).
 
         PERMUTED: vt8's columns in `key_of_column` order (the v rows are loaded in that
         order, so the transposed store stays contiguous).
@@ -461,10 +483,8 @@ if triton is not None:
                 # values stay in the input dtype until the cast: the amax is exact there (a
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
-                    if ROTATE:
-                        m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
-                    else:
-                        m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
+                    o_nn, o_rn, o_nr, o_rr = _block_operands(Rot, m_nn, m_rn, m_nr, m_rr,
+                                                             ROTATE, KRON, HOISTED)
                     ok = (t < k1 - r0)[:, None]
                     if ROTATE and KRON:
                         # the scale from the rows as loaded, then the rows again (from L1/L2)
@@ -472,15 +492,15 @@ if triton is not None:
                         kn, kr = load_rows(src, k_off, ok)
                         s_k = qk_scale(kn, kr, FP8_MAX, ROTATE)
                         kron_cast(src, sk_t, dst, heads * (NOPE_C + ROPE_C), k1 - r0,
-                                  reciprocal(s_k) * ROTATION_SCALE_C, m_nn, m_rn, m_nr, FP8_MAX,
+                                  reciprocal(s_k) * ROTATION_SCALE_C, o_nn, o_rn, o_nr, FP8_MAX,
                                   out_ty, SUB, KRON_ROWS)
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                         s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
                     else:
                         kn, kr = load_rows(src, k_off, ok)
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
-                        yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn, m_nr,
-                                                m_rr)
+                        yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, o_nn, o_rn, o_nr,
+                                                o_rr)
                         s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
                         store_rows(dst, k8_off, ok, yn, yr)
                     # v transposed in registers: [128 features, SUB tokens], tokens contiguous;
@@ -526,12 +546,10 @@ if triton is not None:
                     s_v = scale_from_amax(tl.reduce(m_v, 0, _imax).to(in_ty, bitcast=True).to(
                         tl.float32), FP8_MAX)
                     inv_v = reciprocal(s_v)
-                    if ROTATE:
-                        # after sweep 1, so its registers do not add to sweep 1's loads (a
-                        # program of several heads reads it again from L2 for each)
-                        m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
-                    else:
-                        m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
+                    # after sweep 1, so its registers do not add to sweep 1's loads (unless
+                    # HOISTED, a program of several heads reads it again from L2 for each)
+                    o_nn, o_rn, o_nr, o_rr = _block_operands(Rot, m_nn, m_rn, m_nr, m_rr,
+                                                             ROTATE, KRON, HOISTED)
                     # sweep 2: the block again (from L2), cast. ROTATE: a loop, not unrolled,
                     # so the next part's loads do not join the products' live registers
                     # KRON: v's parts first, then all of k's rows (Kronecker tiles, a loop), so
@@ -540,18 +558,18 @@ if triton is not None:
                         for p in tl.static_range(PARTS):
                             _v_part(p, vsrc, vrow, v_off, vt_off, t, tv, k1 - r0,
                                     next_start - col0, sv_t, inv_v, FP8_MAX, out_ty, SUB)
-                        kron_cast(src, sk_t, dst, heads * (NOPE_C + ROPE_C), k1 - r0, inv_k, m_nn,
-                                  m_rn, m_nr, FP8_MAX, out_ty, SCALE_BLOCK_C, KRON_ROWS)
+                        kron_cast(src, sk_t, dst, heads * (NOPE_C + ROPE_C), k1 - r0, inv_k, o_nn,
+                                  o_rn, o_nr, FP8_MAX, out_ty, SCALE_BLOCK_C, KRON_ROWS)
                     elif ROTATE:
                         for p in tl.range(0, PARTS, num_stages=1):
                             _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
                                        k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
-                                       m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty, SUB, ROTATE)
+                                       o_nn, o_rn, o_nr, o_rr, FP8_MAX, out_ty, SUB, ROTATE)
                     else:
                         for p in tl.static_range(PARTS):
                             _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
                                        k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
-                                       m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty, SUB, ROTATE)
+                                       o_nn, o_rn, o_nr, o_rr, FP8_MAX, out_ty, SUB, ROTATE)
                 if last:
                     # the gap can reach 16 columns past the block (it is < 32 columns long)
                     tail = SCALE_BLOCK_C + tl.arange(0, 16)
@@ -619,11 +637,12 @@ if triton is not None:
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads, n_kv,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
         PERMUTED: tl.constexpr, ROTATE: tl.constexpr, Q_BLOCKS: tl.constexpr,
-        KRON: tl.constexpr, KRON_ROWS: tl.constexpr,
+        KRON: tl.constexpr, KRON_ROWS: tl.constexpr, KV_BLOCKS: tl.constexpr,
     ):
         """Grid (n_kv + q programs of the longest query sequence, sequences, heads /
-        HEADS_PER_PROGRAM): programs j < n_kv quantize key block j of k and v (`_kv_block`),
-        the others q blocks (`_q_blocks`, Q_BLOCKS blocks of 64 rows each).
+        HEADS_PER_PROGRAM): programs j < n_kv quantize key blocks j * KV_BLOCKS ... of k and
+        v (`_kv_block`; with KV_BLOCKS > 1 the rotation's operands loaded once for all of
+        them), the others q blocks (`_q_blocks`, Q_BLOCKS blocks of 64 rows each).
 
         ROTATE: q and k rotated by M (`Rot`, [192, 192] in the inputs' dtype) with the l1
         bound as their scale (core/fp8.py); Rot is not read otherwise. KRON (with ROTATE):
@@ -633,9 +652,15 @@ if triton is not None:
         b = tl.program_id(1)
         g = tl.program_id(2)
         if j < n_kv:
-            _kv_block(j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride,
-                      ss_w, heads, FP8_MAX, HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE, KRON,
-                      KRON_ROWS)
+            m_nn, m_rn, m_nr, m_rr = 0, 0, 0, 0
+            if KV_BLOCKS > 1:
+                if ROTATE:
+                    m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
+            for jj in tl.range(0, KV_BLOCKS, num_stages=1):
+                _kv_block(j * KV_BLOCKS + jj, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h,
+                          sv_t, sv_h, vt_stride, ss_w, heads, m_nn, m_rn, m_nr, m_rr, FP8_MAX,
+                          HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE, KRON, KRON_ROWS,
+                          KV_BLOCKS > 1)
         else:
             _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, FP8_MAX,
                       HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS)
@@ -759,6 +784,7 @@ def quantize_qkv(
     q_blocks: int | None = None,
     kron_rows: int = KRON_ROWS,
     permuted: bool | None = None,
+    kv_blocks: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], q scales float32 [Tq, H], k8 [Tk, H, 192], vt8 [H * 128, T_pad],
     scales float32 [2, H, T_pad / 16]) in one launch (module doc for the layouts).
@@ -773,7 +799,8 @@ def quantize_qkv(
     "dense" (x @ M, M from `rotation_operand`) or "kron" (`kron_to_fp8`); not read without
     `rotate`; `kron_rows`: rows of one Kronecker tile (KRON_ROWS). `heads_per_program`,
     `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row q blocks per program,
-    default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) are tuning knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
+    default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) and `kv_blocks` (128-key blocks per
+    k/v program, default KV_BLOCKS: more amortize the rotation's operand load) are tuning knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
     could only change the order of the products' float32 sums (benchmarks/quant_bench.py
     compares every configuration). `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
     default, which is what the attention kernels read.
@@ -798,7 +825,10 @@ def quantize_qkv(
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     # at least one block per sequence when there are keys: an empty one still writes its
     # zero columns
-    n_kv = max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK)) if total_k else 0
+    kv_blocks = KV_BLOCKS if kv_blocks is None else kv_blocks
+    if kv_blocks < 1:
+        raise ValueError(f"kv_blocks: found {kv_blocks}, expected 1 or more")
+    n_kv = max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK * kv_blocks)) if total_k else 0
     if q_blocks is None:
         # dense: each program first fills shared memory with M, which two blocks amortize;
         # kron's operands are 1.5 KB
@@ -817,7 +847,7 @@ def quantize_qkv(
         scales.stride(0), heads, n_kv,
         FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
         PERMUTED=permuted_v(k.device) if permuted is None else permuted, ROTATE=bool(rotate),
-        Q_BLOCKS=q_blocks, KRON=bool(rotate) and kron, KRON_ROWS=kron_rows,
+        Q_BLOCKS=q_blocks, KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, KV_BLOCKS=kv_blocks,
         num_warps=quant_warps(k.device, rotate, rotation) if num_warps is None else num_warps,
     )
     return q8, qs, k8, vt8, scales
@@ -840,6 +870,7 @@ def quantize_kv(
     parts: int = PARTS,
     permuted: bool | None = None,
     kron_rows: int = KRON_ROWS,
+    kv_blocks: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(k8 [T, H, 192], vt8 [H * 128, T_pad], scales float32 [2, H, T_pad / 16]):
     `quantize_qkv` without q (the same kernel, no q programs)."""
@@ -847,5 +878,5 @@ def quantize_kv(
         None, k, v, None, cu_seqlens_k, batch, 0, max_seqlen_k, fp8_dtype, fp8_max,
         None if out is None else (None, None, *out), rotate=rotate, rotation=rotation,
         heads_per_program=heads_per_program, num_warps=num_warps, parts=parts, permuted=permuted,
-        kron_rows=kron_rows)
+        kron_rows=kron_rows, kv_blocks=kv_blocks)
     return k8, vt8, scales
