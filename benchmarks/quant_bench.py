@@ -98,15 +98,14 @@ def random_like(shapes, seed=0):
 
 
 def buffers(variant, total, heads, batch, splits):
-    t_pad = tq.vt_padded_len(total, batch)
-    kv = [((total, heads, 192), FP8), ((heads * 128, t_pad), FP8),
-          ((2, heads, t_pad // 16), torch.float32)]
-    if variant == "kv":
-        return random_like(kv)
-    if variant == "qkv":
-        return random_like([((total, heads, 192), FP8), ((total, heads), torch.float32)] + kv)
-    return random_like([(shape, dt) for _, shape, dt in
-                        th.head_workspace_layout(total, total, batch, heads, splits, FP8)])
+    """The variant's `out` buffers (its workspace layout; `kv`: the block rule's without q)."""
+    if variant == "heads":
+        layout = th.head_workspace_layout(total, total, batch, heads, splits, FP8)
+    else:
+        layout = tq.qkv_workspace_layout(total, total, batch, heads, FP8)
+        if variant == "kv":
+            layout = layout[2:]
+    return random_like([(shape, dt) for _, shape, dt in layout])
 
 
 def inputs(lens, heads):

@@ -322,12 +322,10 @@ def test_kv_blocks_quantization_writes_the_same_bytes(rotate, phase1, device):
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 6, scale=3.0, device=device)
     k[700, 4, 3] = float("nan")
     fp8 = torch.float8_e4m3fn
-    t_pad = tq.vt_padded_len(k.shape[0], 5)
     got = []
     for n in (1, 3):
-        out = (poisoned((q.shape[0], 6, 192), fp8, device), poisoned((q.shape[0], 6), torch.float32, device),
-               poisoned((k.shape[0], 6, 192), fp8, device), poisoned((6 * 128, t_pad), fp8, device),
-               poisoned((2, 6, t_pad // 16), torch.float32, device))
+        out = tuple(poisoned(shape, dtype, device) for _, shape, dtype in
+                    tq.qkv_workspace_layout(q.shape[0], k.shape[0], 5, 6, fp8))
         got.append(tq.quantize_qkv(q, k, v, cq, ck, 5, 2000, 2000, fp8, out=out, rotate=rotate,
                                    rotation="dense", kv_blocks=n))
     for a, b in zip(*got, strict=True):

@@ -114,13 +114,10 @@ def qkv(q, k, v, cq, ck, *, rotate, parts=2, permuted=True, poison=True, rotatio
 
     b = len(cq) - 1
     lq, lk = cq.diff().tolist(), ck.diff().tolist()
-    t_pad = tq.vt_padded_len(k.shape[0], b)
     out = None
     if poison:
-        heads = q.shape[1]
-        out = (poisoned((q.shape[0], heads, 192), STORE), poisoned((q.shape[0], heads), torch.float32),
-               poisoned((k.shape[0], heads, 192), STORE), poisoned((heads * 128, t_pad), STORE),
-               poisoned((2, heads, t_pad // 16), torch.float32))
+        out = tuple(poisoned(shape, dtype) for _, shape, dtype in
+                    tq.qkv_workspace_layout(q.shape[0], k.shape[0], b, q.shape[1], STORE))
     return tq.quantize_qkv(q, k, v, cq, ck, b, max(lq, default=0), max(lk, default=0), STORE, LIMIT,
                            out, rotate=rotate, parts=parts, permuted=permuted, rotation=rotation,
                            **knobs)

@@ -500,15 +500,8 @@ class TritonKernel(Kernel):
         if fp8 and _quantize_into_supported():
             from . import triton_quant as tq
 
-            storage = _storage_dtype(fp8_dtype)
-            t_pad = tq.vt_padded_len(plan.total_k, plan.batch_size)
-            layout += [
-                ("q8", (plan.total_q, num_heads, tq.NOPE + tq.ROPE), storage),
-                ("q_scales", (plan.total_q, num_heads), torch.float32),
-                ("k8", (plan.total_k, num_heads, tq.NOPE + tq.ROPE), storage),
-                ("vt8", (num_heads * tq.DV, t_pad), storage),
-                ("scales", (2, num_heads, t_pad // 16), torch.float32),
-            ]
+            layout += tq.qkv_workspace_layout(plan.total_q, plan.total_k, plan.batch_size,
+                                              num_heads, _storage_dtype(fp8_dtype))
         return layout
 
     def run(

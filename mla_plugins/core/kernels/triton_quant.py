@@ -722,6 +722,20 @@ def vt_padded_len(total_k: int, batch: int) -> int:
     return max(16, vt_columns(total_k, batch) + 16)
 
 
+def qkv_workspace_layout(total_q: int, total_k: int, batch: int, heads: int,
+                         fp8_dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The regions `quantize_qkv` writes, as `Kernel.workspace_layout` lists them ([(name,
+    shape, dtype), ...], for `workspace.carve`): its `out` buffers in order."""
+    t_pad = vt_padded_len(total_k, batch)
+    return [
+        ("q8", (total_q, heads, NOPE + ROPE), fp8_dtype),
+        ("q_scales", (total_q, heads), torch.float32),
+        ("k8", (total_k, heads, NOPE + ROPE), fp8_dtype),
+        ("vt8", (heads * DV, t_pad), fp8_dtype),
+        ("scales", (2, heads, t_pad // 16), torch.float32),
+    ]
+
+
 _ROTATIONS: dict[tuple[torch.device, torch.dtype, str], torch.Tensor] = {}
 
 
@@ -812,14 +826,10 @@ def quantize_qkv(
     if out is not None:
         q8, qs, k8, vt8, scales = out
     else:
-        if q is None:
-            q8 = qs = None
-        else:
-            q8 = torch.empty((total_q, heads, NOPE + ROPE), dtype=fp8_dtype, device=k.device)
-            qs = torch.empty((total_q, heads), dtype=torch.float32, device=k.device)
-        k8 = torch.empty((total_k, heads, NOPE + ROPE), dtype=fp8_dtype, device=k.device)
-        vt8 = torch.empty((heads * DV, t_pad), dtype=fp8_dtype, device=k.device)
-        scales = torch.empty((2, heads, t_pad // 16), dtype=torch.float32, device=k.device)
+        q8, qs, k8, vt8, scales = (
+            None if q is None and name.startswith("q") else
+            torch.empty(shape, dtype=dtype, device=k.device)
+            for name, shape, dtype in qkv_workspace_layout(total_q, total_k, batch, heads, fp8_dtype))
     if batch == 0 or (total_k == 0 and total_q == 0):
         return q8, qs, k8, vt8, scales
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
