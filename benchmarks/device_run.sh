@@ -35,6 +35,20 @@ else
     export PYTHONPATH=.
 fi
 status=0
+# the rotation's three runs, logs and JSON named by $1: quant_bench with $2, rotation_cost
+# with $3, the rotation's GPU tests (word splitting of $2 and $3 intended)
+rotation_calls() {
+    timeout 180 python3 benchmarks/quant_bench.py $2 > "$out/quant-bench-$1.log" 2>&1 || status=1
+    grep -E "TB/s|differing" "$out/quant-bench-$1.log" | tail -70
+    timeout 250 python3 benchmarks/rotation_cost.py $3 --out "$out/h200-$1.json" \
+        > "$out/rotation-cost-$1.log" 2>&1 || status=1
+    tail -16 "$out/rotation-cost-$1.log"
+    timeout 150 python3 -m pytest tests/gpu/test_flash_attn_gpu.py tests/gpu/test_triton.py -q \
+        -p no:cacheprovider \
+        -k "flash_attn_gpu or quant or rotat or kron or pipelined or isolat or bad_values" \
+        > "$out/gpu-tests-$1.log" 2>&1 || status=1
+    tail -8 "$out/gpu-tests-$1.log"
+}
 case "$stage" in
     check)
         timeout 270 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py -q --maxfail=20 \
@@ -80,29 +94,10 @@ case "$stage" in
         tail -25 "$out/gpu-tests.log"
         ;;
     rotation)
-        timeout 170 python3 benchmarks/quant_bench.py --only heads,qkv --rotate-only \
-            > "$out/quant-bench.log" 2>&1 || status=1
-        tail -30 "$out/quant-bench.log"
-        timeout 230 python3 benchmarks/rotation_cost.py --out "$out/h200-rotation.json" \
-            > "$out/rotation-cost.log" 2>&1 || status=1
-        tail -16 "$out/rotation-cost.log"
-        timeout 150 python3 -m pytest tests/gpu/test_flash_attn_gpu.py tests/gpu/test_triton.py \
-            -q -p no:cacheprovider -k "flash_attn_gpu or quant or rotat or kron or isolat or bad_values" \
-            > "$out/gpu-tests-rotation.log" 2>&1 || status=1
-        tail -8 "$out/gpu-tests-rotation.log"
+        rotation_calls rotation "--only heads,qkv --rotate-only" ""
         ;;
     amortized)
-        timeout 200 python3 benchmarks/quant_bench.py --amortized \
-            > "$out/quant-bench-amortized.log" 2>&1 || status=1
-        grep -E "TB/s|differing" "$out/quant-bench-amortized.log" | tail -70
-        timeout 260 python3 benchmarks/rotation_cost.py --rotations dense --heads-stages 2,3 \
-            --kv-blocks 2,4 --out "$out/h200-rotation-amortized.json" \
-            > "$out/rotation-cost-amortized.log" 2>&1 || status=1
-        tail -14 "$out/rotation-cost-amortized.log"
-        timeout 120 python3 -m pytest tests/gpu/test_flash_attn_gpu.py tests/gpu/test_triton.py \
-            -q -p no:cacheprovider -k "flash_attn_gpu or quant or rotat or pipelined or isolat" \
-            > "$out/gpu-tests-amortized.log" 2>&1 || status=1
-        tail -8 "$out/gpu-tests-amortized.log"
+        rotation_calls amortized "--amortized" "--rotations dense --heads-stages 2,3 --kv-blocks 2,4"
         ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
