@@ -15,6 +15,9 @@
 #                                         # quant_bench --amortized, rotation_cost (FA3 with
 #                                         # triton_heads.STAGES 2, 3; ours with
 #                                         # triton_quant.KV_BLOCKS 2, 4), their GPU tests
+#   bash benchmarks/device_run.sh kernel  # the Gluon kernel's GPU tests, its variants at five
+#                                         # shapes (prefill.py --variants: P carried in float32
+#                                         # against fp8)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -23,7 +26,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -99,6 +102,23 @@ case "$stage" in
     amortized)
         rotation_calls amortized "--amortized" "--rotations dense --heads-stages 2,3 --kv-blocks 2,4"
         ;;
+    kernel)
+        timeout 110 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider -k "gluon and not longest" \
+            -x > "$out/gpu-tests-kernel.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-kernel.log"
+        timeout 300 python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
+            --shapes B1-S8192-H128,B1-S16384-H16,B8-S2048-H128,B4-S4096-H16,B16-S512-H16 \
+            --variant-filter "gluon 128x128 s4,gluon 128x128 s4 p8-carried,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent p8-carried" \
+            > "$out/variants.log" 2>&1 || status=1
+        python3 - "$out/variants.log" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(r["shape"], "|", r["variant"], "| err", r.get("err"), "| attn", r.get("attn_graph_tflops"),
+              "| e2e", r.get("e2e_graph_tflops"), r.get("error", ""))
+PY
+        ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
             > "$out/prefill-auto.log" 2>&1 || status=1
@@ -122,7 +142,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, last or variants)" >&2
         exit 2
         ;;
 esac

@@ -297,11 +297,14 @@ def variants(args):
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     configs = {"triton 64x64 w4 s4": FP8_CONFIG}
-    for st, pp, pers, lf in ((3, False, False, False), (4, False, False, False), (4, True, False, False),
-                             (4, False, True, False)):
-        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers, longest_first=lf)
+    for st, pp, pers, p8 in ((3, False, False, False), (4, False, False, False), (4, True, False, False),
+                             (4, False, True, False), (4, False, False, True), (4, False, True, True)):
+        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers, p8_carried=p8)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
-                f"{' persistent' if pers else ''}{' longest-first' if lf else ''}"] = cfg
+                f"{' persistent' if pers else ''}{' p8-carried' if p8 else ''}"] = cfg
+    if args.variant_filter:
+        wanted = args.variant_filter.split(",")
+        configs = {k: c for k, c in configs.items() if any(w == k for w in wanted)}
     shapes = {n: (lq, lk, h) for n, lq, lk, h in SHAPES}
     shapes["varlen-H16"] = ([1024, 777, 300, 64, 1], [1024, 777, 300 + 129, 64, 1], 16)
     names = args.shapes.split(",") if args.shapes else list(VARIANT_SHAPES)
@@ -796,6 +799,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/h200.json")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--variant-filter", default="",
+                    help="with --variants: comma-separated variant labels to run (default: all)")
     ap.add_argument("--variants", action="store_true",
                     help="fp8 phase-1 variants (Triton, Gluon per ring depth): error and TFLOP/s")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
