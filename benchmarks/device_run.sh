@@ -17,7 +17,8 @@
 #                                         # triton_quant.KV_BLOCKS 2, 4), their GPU tests
 #   bash benchmarks/device_run.sh kernel  # the Gluon kernel's GPU tests, its variants at five
 #                                         # shapes (prefill.py --variants: P carried in float32
-#                                         # against fp8)
+#                                         # against fp8); kernel+quant adds quant_bench
+#                                         # --amortized (one call for both when the device is scarce)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -26,7 +27,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -51,6 +52,17 @@ rotation_calls() {
         -k "flash_attn_gpu or quant or rotat or kron or pipelined or isolat or bad_values" \
         > "$out/gpu-tests-$1.log" 2>&1 || status=1
     tail -8 "$out/gpu-tests-$1.log"
+}
+# one line per row of prefill.py --variants' log (shape, variant, error, GPU-time TFLOP/s)
+summarize_variants() {
+    python3 - "$out/variants.log" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        print(r["shape"], "|", r["variant"], "| err", r.get("err"), "| attn", r.get("attn_graph_tflops"),
+              "| e2e", r.get("e2e_graph_tflops"), r.get("error", ""))
+PY
 }
 case "$stage" in
     check)
@@ -102,22 +114,20 @@ case "$stage" in
     amortized)
         rotation_calls amortized "--amortized" "--rotations dense --heads-stages 2,3 --kv-blocks 2,4"
         ;;
-    kernel)
+    kernel|kernel+quant)
         timeout 110 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider -k "gluon and not longest" \
             -x > "$out/gpu-tests-kernel.log" 2>&1 || status=1
         tail -4 "$out/gpu-tests-kernel.log"
-        timeout 300 python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
+        timeout 260 python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
             --shapes B1-S8192-H128,B1-S16384-H16,B8-S2048-H128,B4-S4096-H16,B16-S512-H16 \
             --variant-filter "gluon 128x128 s4,gluon 128x128 s4 p8-carried,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent p8-carried" \
             > "$out/variants.log" 2>&1 || status=1
-        python3 - "$out/variants.log" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        r = json.loads(line)
-        print(r["shape"], "|", r["variant"], "| err", r.get("err"), "| attn", r.get("attn_graph_tflops"),
-              "| e2e", r.get("e2e_graph_tflops"), r.get("error", ""))
-PY
+        summarize_variants
+        if [ "$stage" = kernel+quant ]; then
+            timeout 170 python3 benchmarks/quant_bench.py --amortized \
+                > "$out/quant-bench-amortized.log" 2>&1 || status=1
+            grep -E "TB/s|differing" "$out/quant-bench-amortized.log" | tail -60
+        fi
         ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
@@ -142,7 +152,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, last or variants)" >&2
         exit 2
         ;;
 esac
