@@ -120,7 +120,7 @@ case "$stage" in
         tail -4 "$out/gpu-tests-kernel.log"
         timeout 260 python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
             --shapes B1-S8192-H128,B1-S16384-H16,B8-S2048-H128,B4-S4096-H16,B16-S512-H16 \
-            --variant-filter "gluon 128x128 s4,gluon 128x128 s4 p8-carried,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent p8-carried" \
+            --variant-filter "gluon 128x128 s4,gluon 128x128 s4 p8-carried,gluon 128x128 s4 rowsum-mma,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent p8-carried" \
             > "$out/variants.log" 2>&1 || status=1
         summarize_variants
         if [ "$stage" = kernel+quant ]; then
