@@ -108,17 +108,18 @@ def _recording(calls: list, tma: bool, permuted: bool):
     """Every kernel launch of the host code goes to `calls` instead of a GPU; `tma` is what
     the host code's TMA check answers (sm_90: yes; Ampere, Ada, ROCm: no), `permuted` what
     `triton_quant.permuted_v` answers (CUDA: yes; ROCm: no), and `triton_quant.quant_warps`
-    answers as on CUDA (permuted) or on ROCm."""
+    and `triton_quant.on_rocm` answer as on CUDA (permuted) or on ROCm."""
     from mla_plugins.core.kernels import gluon_attention as ga
 
     rocm = not permuted
     answers = {"_can_tma": lambda device: tma, "permuted_v": lambda device: permuted,
+               "on_rocm": lambda device: rocm,
                "quant_warps": lambda device, rotate, rotation=tq.ROTATION: tq.warps_for(
                    rocm, rotate, rotation)}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
                (ga, "mla_prefill_fp8_kernel"), (th, "_head_bound_kernel"),
                (th, "_head_cast_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
-               (tq, "quant_warps")]
+               (tq, "quant_warps"), (tq, "on_rocm")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
     try:
         for mod, name, fn in saved:

@@ -56,9 +56,15 @@ BLOCKS_ROTATED = 2
 #: the stored bytes do not depend on it
 BLOCKS_ROTATED_MAX = 8
 CAST_PROGRAMS_PER_SM = 4
-#: software-pipeline stages of a cast program's q and k blocks (`quantize_heads`' `stages`):
-#: 1, the blocks one after another, until a device run measures more (benchmarks/NOTES.md)
+#: software-pipeline stages of a cast program's q and k blocks (`quantize_heads`' `stages`)
+#: and the warps of both launches. Measured on the H200 (benchmarks/NOTES.md, stop 27): with
+#: the dense rotation, 3 stages at 8 warps took the pair from 2.21-2.27 to 2.50-2.77 TB/s at
+#: the H128 shapes, 1.82 -> 2.29 at B16-S512-H16 and 1.96 -> 2.52 at B1-S16384-H16 (2 stages:
+#: within 1%; 3 stages at 16 warps: 2.05-2.63); unrotated, stages change nothing (3.2-3.8
+#: TB/s either way). ROCm keeps 1 stage and quant_warps (not measured there)
 STAGES = 1
+STAGES_ROTATED = 3
+WARPS_ROTATED = 8
 
 if triton is not None:
     from .triton_quant import (
@@ -342,13 +348,16 @@ def quantize_heads(
     the amax rule's outputs do not depend on them, the rotated ones at most by the order of
     float32 sums. `sms` (the device's SM count) lets the dense rotated cast take
     `rotated_blocks` blocks per program (None: BLOCKS_ROTATED). `stages` > 1 pipelines the
-    q and k blocks of a program (`_head_cast_kernel`; None: STAGES, or 1 with "kron").
+    q and k blocks of a program (`_head_cast_kernel`; None: STAGES_ROTATED at WARPS_ROTATED
+    warps for the dense rotation on CUDA, else STAGES, or 1 with "kron").
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
     kron = tq.check_rotation(rotation, kron_rows)
+    # the dense rotation on CUDA: the pipelined cast at 8 warps (measured, STAGES_ROTATED)
+    tuned = bool(rotate) and not kron and not tq.on_rocm(q.device)
     if stages is None:
-        stages = 1 if rotate and kron else STAGES
+        stages = STAGES_ROTATED if tuned else 1 if rotate and kron else STAGES
     if stages < 1 or (stages > 1 and rotate and kron):
         raise ValueError(f"stages: found {stages}, expected 1 or more, and 1 with rotation='kron'")
     for name, x, width in (("q", q, tq.NOPE + tq.ROPE), ("k", k, tq.NOPE + tq.ROPE), ("v", v, tq.DV)):
@@ -365,7 +374,10 @@ def quantize_heads(
         return q8, k8, v8, descales, partials
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
-    warps = tq.quant_warps(q.device, rotate, rotation) if num_warps is None else num_warps
+    if num_warps is not None:
+        warps = num_warps
+    else:
+        warps = WARPS_ROTATED if tuned else tq.quant_warps(q.device, rotate, rotation)
     _head_bound_kernel[(splits, batch, heads // hpp)](
         q, k, v, cu_seqlens_q, cu_seqlens_k, partials, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), batch, heads, splits,

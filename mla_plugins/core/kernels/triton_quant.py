@@ -102,13 +102,17 @@ HEADS_PER_PROGRAM = 1
 #: sweeps over halves of a key block (1: the block held at once; see _kv_block)
 PARTS = 2
 #: 128-key blocks one k/v program quantizes in turn (`quantize_qkv`' `kv_blocks`): with more
-#: than 1 the rotation's operands are loaded once per program, not once per block and head;
-#: 1 until a device run measures more (benchmarks/NOTES.md)
+#: than 1 the rotation's operands are loaded once per program, not once per block and head.
+#: Measured on the H200 (benchmarks/NOTES.md, stop 27): unrotated, 2 and 4 lose 25-30%
+#: (3.20 -> 2.29 TB/s at B1-S8192-H128); with the dense rotation, 4 blocks and 8 q blocks a
+#: program take q/k/v from 1.32-1.33 to 1.47 TB/s at the H128 shapes (+6% at B1-S16384-H16,
+#: -1% at B16-S512-H16)
 KV_BLOCKS = 1
+KV_BLOCKS_ROTATED = 4
 #: 64-row q blocks one program quantizes in turn; with ROTATE each program first fills
 #: shared memory with M (72 KB from L2), which more blocks per program amortize
 Q_BLOCKS = 1
-Q_BLOCKS_ROTATED = 2
+Q_BLOCKS_ROTATED = 8
 #: the rotation's implementations (`rotation=`): "dense", x @ M as four products of M's
 #: blocks (M in shared memory, 72 KB); "kron", two batched products of 16 x 16 tiles per row
 #: (`kron_to_fp8`, operands of 1.5 KB). Timed on the H200 (benchmarks/NOTES.md, stop 25):
@@ -665,10 +669,15 @@ if triton is not None:
             _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, FP8_MAX,
                       HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS)
 
+def on_rocm(device: torch.device) -> bool:
+    """Whether `device` is an AMD GPU (torch's ROCm build names it "cuda")."""
+    return device.type == "cuda" and bool(torch.version.hip)
+
+
 def quant_warps(device: torch.device, rotate: bool, rotation: str | None = None) -> int:
     """num_warps of the quantization kernels on this device (NUM_WARPS_ROTATED_ROCM for the
     dense rotation on ROCm, NUM_WARPS elsewhere)."""
-    return warps_for(device.type == "cuda" and bool(torch.version.hip), rotate, rotation)
+    return warps_for(on_rocm(device), rotate, rotation)
 
 
 def warps_for(rocm: bool, rotate: bool, rotation: str | None = None) -> int:
@@ -814,7 +823,9 @@ def quantize_qkv(
     `rotate`; `kron_rows`: rows of one Kronecker tile (KRON_ROWS). `heads_per_program`,
     `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row q blocks per program,
     default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) and `kv_blocks` (128-key blocks per
-    k/v program, default KV_BLOCKS: more amortize the rotation's operand load) are tuning knobs; the amax rule's outputs do not depend on them (bit for bit); rotated, a knob
+    k/v program, default KV_BLOCKS, KV_BLOCKS_ROTATED with the dense rotation: more amortize
+    its operand load) are tuning knobs; the amax rule's outputs do not depend on them (bit
+    for bit); rotated, a knob
     could only change the order of the products' float32 sums (benchmarks/quant_bench.py
     compares every configuration). `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
     default, which is what the attention kernels read.
@@ -835,12 +846,13 @@ def quantize_qkv(
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     # at least one block per sequence when there are keys: an empty one still writes its
     # zero columns
-    kv_blocks = KV_BLOCKS if kv_blocks is None else kv_blocks
+    if kv_blocks is None:
+        kv_blocks = KV_BLOCKS_ROTATED if rotate and not kron else KV_BLOCKS
     if kv_blocks < 1:
         raise ValueError(f"kv_blocks: found {kv_blocks}, expected 1 or more")
     n_kv = max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK * kv_blocks)) if total_k else 0
     if q_blocks is None:
-        # dense: each program first fills shared memory with M, which two blocks amortize;
+        # dense: each program first fills shared memory with M, which more blocks amortize;
         # kron's operands are 1.5 KB
         q_blocks = Q_BLOCKS_ROTATED if rotate and not kron else Q_BLOCKS
     n_q = triton.cdiv(max_seqlen_q, QBLOCK * q_blocks) if total_q else 0
