@@ -19,6 +19,9 @@
 #                                         # shapes (prefill.py --variants: P carried in float32
 #                                         # against fp8); kernel+quant adds quant_bench
 #                                         # --amortized (one call for both when the device is scarce)
+#   bash benchmarks/device_run.sh kernel2  # a carried debug script (.devdebug/rowsum.py) if
+#                                         # present, the Gluon variants, rotation_cost.py with
+#                                         # the defaults
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -27,7 +30,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, kernel2, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -129,6 +132,19 @@ case "$stage" in
             grep -E "TB/s|differing" "$out/quant-bench-amortized.log" | tail -60
         fi
         ;;
+    kernel2)
+        # a debug script in .devdebug/ first (carried, not committed), then the Gluon variants,
+        # then the rotation's end-to-end cost with the defaults
+        [ -f .devdebug/rowsum.py ] && timeout 60 python3 .devdebug/rowsum.py 2>&1 | tail -8
+        timeout 240 python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
+            --shapes B1-S8192-H128,B1-S16384-H16,B8-S2048-H128,B4-S4096-H16,B16-S512-H16 \
+            --variant-filter "gluon 128x128 s4,gluon 128x128 s4 p8-carried,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent p8-carried" \
+            > "$out/variants.log" 2>&1 || status=1
+        summarize_variants
+        timeout 230 python3 benchmarks/rotation_cost.py --rotations dense --out "$out/h200-rotation.json" \
+            > "$out/rotation-cost.log" 2>&1 || status=1
+        tail -16 "$out/rotation-cost.log"
+        ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
             > "$out/prefill-auto.log" 2>&1 || status=1
@@ -152,7 +168,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, kernel2, last or variants)" >&2
         exit 2
         ;;
 esac

@@ -47,7 +47,7 @@ def one(spec):
     from dataclasses import replace
 
     cfg = replace(cfg, use_tma=tma)
-    plan = plan_prefill(cq, ck, num_heads=heads, causal=causal, tile_q=cfg.block_m, num_workers=1)
+    plan = plan_prefill(cq, ck, num_heads=heads, causal=causal, kernel="triton", tile_q=cfg.block_m, num_workers=1)
     out = torch.full((q.shape[0], heads, 128), float("nan"), dtype=q.dtype, device=dev)
     lse = torch.full((q.shape[0], heads), float("nan"), device=dev)
     po = torch.empty(1, heads, 128, device=dev)

@@ -198,7 +198,7 @@ def _warm_one(args):
 
         config = TileConfig(**cfg)
         q, k, v, cq, ck = make_batch([300], [300], 16, "cuda", seed=1)
-        plan = plan_prefill(cq, ck, num_heads=16, causal=True, tile_q=config.block_m, num_workers=1)
+        plan = plan_prefill(cq, ck, num_heads=16, causal=True, kernel="triton", tile_q=config.block_m, num_workers=1)
         time_small(q, k, v, cq, ck, 16, fp8, plan, config)
         return None
     except Exception as exc:  # reported by the parent
@@ -255,7 +255,7 @@ def sweep(args):
             else:
                 try:
                     config = TileConfig(**cfg)
-                    plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=config.block_m,
+                    plan = plan_prefill(cq, ck, num_heads=heads, causal=True, kernel="triton", tile_q=config.block_m,
                                         num_workers=1)
                     e2e, attn = time_ours(q, k, v, cq, ck, heads, fp8, plan, config, e2e=False)
                     ms = attn if fp8 else e2e
@@ -323,7 +323,7 @@ def variants(args):
             row = {"shape": name, "variant": label}
             try:
                 workers = split_workers(lq, lk, heads, cfg.block_m, sms)
-                plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=cfg.block_m,
+                plan = plan_prefill(cq, ck, num_heads=heads, causal=True, kernel="triton", tile_q=cfg.block_m,
                                     num_workers=workers)
                 out = torch.full((q.shape[0], heads, DV), float("nan"), dtype=q.dtype, device=device)
                 lse = torch.full((q.shape[0], heads), float("nan"), device=device)
@@ -757,7 +757,7 @@ def _kernel_plan(q, k, v, cq, ck, heads, fp8):
     from tests.gpu.conftest import make_inputs
 
     inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
-    return mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=True,
+    return mla_plugins.plan_prefill(cq, ck, num_heads=heads, causal=True, kernel="triton",
                                     **TritonKernel().plan_params(inputs))
 
 

@@ -37,7 +37,7 @@ def main():
     lq, lk, heads = {n: (q, k, h) for n, q, k, h in SHAPES}[args.shape]
     cfg = GLUON_FP8_CONFIG if args.kernel == "gluon" else FP8_CONFIG
     q, k, v, cq, ck = make_batch(lq, lk, heads, "cuda")
-    plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=cfg.block_m, num_workers=1)
+    plan = plan_prefill(cq, ck, num_heads=heads, causal=True, kernel="triton", tile_q=cfg.block_m, num_workers=1)
     inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
     quant = tq.quantize_qkv(q, k, v, cq, ck, len(lq), max(lq), max(lk), torch.float8_e4m3fn,
                              rotate=inputs.fp8_rotate)

@@ -52,7 +52,7 @@ def main():
             quant = tq.quantize_qkv(q, k, v, cq, ck, batch, max(lq), max(lk), inputs.fp8_dtype,
                                     rotate=inputs.fp8_rotate)
             for label, cfg in kernels.items():
-                plan = plan_prefill(cq, ck, num_heads=HEADS, causal=causal, tile_q=cfg.block_m,
+                plan = plan_prefill(cq, ck, num_heads=HEADS, causal=causal, kernel="triton", tile_q=cfg.block_m,
                                     num_workers=1)
                 out = torch.empty(q.shape[0], HEADS, 128, dtype=q.dtype, device=device)
                 po = torch.empty(1, HEADS, 128, device=device)

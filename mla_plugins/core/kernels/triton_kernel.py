@@ -233,6 +233,11 @@ def run_prefill(
     from . import triton_attention as ta
     from . import triton_quant as tq
 
+    if plan.num_items == 0 and plan.total_q and plan.kernel != "triton":
+        # another kernel's plan (FA3's has no work items): running it would write nothing
+        raise ValueError(f"plan: found a plan of kernel {plan.kernel!r} with no work items for "
+                         f"{plan.total_q} query rows, expected one of plan_prefill(..., "
+                         "kernel='triton')")
     if plan.num_items == 0 or plan.total_q == 0:
         return
     q, k, v = inputs.q, inputs.k, inputs.v
