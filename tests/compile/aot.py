@@ -224,8 +224,7 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
     if fn.__name__ == "mla_prefill_fp8_kernel":
         return (f"gluon attention fp8 {c['BLOCK_M']}x{c['BLOCK_N']} s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
-                + (" p8-carried" if c.get("P8_CARRIED") else "")
-                + (" rowsum-mma" if c.get("ROWSUM_MMA") else ""))
+                + (" p8-carried" if c.get("P8_CARRIED") else ""))
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
         part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
         return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}"
@@ -251,8 +250,7 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
                 dict(fp8=True, config=replace(g, pingpong=True)),
                 dict(fp8=True, config=replace(g, persistent=True)),
-                dict(fp8=True, config=replace(g, p8_carried=True)),
-                dict(fp8=True, config=replace(g, rowsum_mma=True))]
+                dict(fp8=True, config=replace(g, p8_carried=True))]
     else:
         runs = []
         for fp8 in (True, False):

@@ -26,14 +26,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.triton]  # skips come from tests/conf
 CASES = LENGTH_CASES
 
 
-@pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent",
-                                      "gluon-rowsum-mma"])
+@pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent"])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
     Gluon fp8 kernel for every batch (its length thresholds at 0, so short test batches reach
     it too), one CTA per unit in plan order and with each head's slices taken last to first,
-    persistent for batches of several sequences (its default there), and with its softmax
-    row sums on the tensor cores (TileConfig.rowsum_mma)."""
+    and persistent for batches of several sequences (its default there)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
@@ -47,8 +45,6 @@ def phase1(request, monkeypatch, device):
                             0 if request.param == "gluon-persistent" else float("inf"))
         if request.param == "gluon-longest-first":
             monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", replace(tk.GLUON_FP8_CONFIG, longest_first=True))
-        if request.param == "gluon-rowsum-mma":
-            monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", replace(tk.GLUON_FP8_CONFIG, rowsum_mma=True))
     else:
         monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", float("inf"))
         monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS", float("inf"))

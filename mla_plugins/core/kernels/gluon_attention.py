@@ -83,9 +83,8 @@ if gluon is not None:
     @gluon.jit
     def _softmax_block(s, m_i, l_i, scale, start, rows, kv_end, kv_offset, causal,
                        MASKED, P_SHIFT: gl.constexpr, col_layout: gl.constexpr,
-                       BLOCK_N: gl.constexpr, ROWSUM_MMA: gl.constexpr):
-        """Online-softmax step on one score block (log2 domain), as triton_attention's;
-        ROWSUM_MMA leaves l_i as it is (the row sum is a wgmma's, `_consume_unit`)."""
+                       BLOCK_N: gl.constexpr):
+        """Online-softmax step on one score block (log2 domain), as triton_attention's."""
         if MASKED:
             cols = start + gl.arange(0, BLOCK_N, layout=col_layout)
             visible = cols[None, :] < kv_end
@@ -100,8 +99,7 @@ if gluon is not None:
             m_use = m_new
             p = gl.exp2(s * scale - (m_use - P_SHIFT)[:, None])
         alpha = gl.exp2(m_i - m_use)
-        if not ROWSUM_MMA:
-            l_i = l_i * alpha + gl.sum(p, 1)
+        l_i = l_i * alpha + gl.sum(p, 1)
         return p, m_new, l_i, alpha
 
     @gluon.jit
@@ -174,13 +172,13 @@ if gluon is not None:
                 kv_start + vshift, sbase)
 
     @gluon.jit
-    def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ones_smem,
-                      ready, empty, turn, it0, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t,
+    def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready,
+                      empty, turn, it0, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t,
                       sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
                       qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                      P8_CARRIED: gl.constexpr, ROWSUM_MMA: gl.constexpr):
+                      P8_CARRIED: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
 
         PINGPONG: the two warpgroups take turns issuing their products (FA3's schedule),
@@ -189,23 +187,12 @@ if gluon is not None:
         other's products occupy the tensor cores. Without it both groups, fed by the same
         stages, tend to run in lockstep: softmax against softmax, products against products.
         Turns are counted over key blocks (the ring position `it`), the same for both groups.
-
-        ROWSUM_MMA: the softmax denominator as a wgmma next to each P @ V, the same fp8 P times
-        `ones_smem` ([8, BLOCK_N] fp8 ones, N = 8) into an [HALF_G, 8] float32 accumulator
-        rescaled like acc (all 8 columns the row sum), instead of the softmax's 64 FADDs per
-        thread and block; the sum is then of the fp8-rounded P that multiplies v.
         """
-        gl.static_assert(not (ROWSUM_MMA and P8_CARRIED), "ROWSUM_MMA: P carried in float32 only")
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_G, 32])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
-        # ROWSUM_MMA: P @ ones, n8 (the A operand's layout is o_layout's: a free conversion)
-        l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32])
-        pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
-        row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -239,7 +226,6 @@ if gluon is not None:
         m_i = gl.full([HALF_G], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([HALF_G], gl.float32, row_s)
         acc = gl.zeros([HALF_G, DV_G], gl.float32, o_layout)
-        l_acc = gl.zeros([HALF_G, 8], gl.float32, l_layout)
         zero_s = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
         # P of the block before, the A operand of its P @ V, issued with the next block's
         # q k^T: carried in float32 and cast to fp8 just before (the cast's F2FP writes the
@@ -265,7 +251,7 @@ if gluon is not None:
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start, rows, kv_end,
                                                 kv_offset, causal, n_full == 0, P_SHIFT, col_s,
-                                                BLOCK_N, ROWSUM_MMA)
+                                                BLOCK_N)
             if P8_CARRIED:
                 p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
 
@@ -290,21 +276,13 @@ if gluon is not None:
             if not P8_CARRIED:
                 p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
             o_tok = warpgroup_mma(p8, vt_bufs.index(prev).permute((1, 0)), acc, is_async=True)
-            if ROWSUM_MMA:
-                l_tok = warpgroup_mma(gl.convert_layout(p8, pl_layout), ones_smem.permute((1, 0)),
-                                      l_acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
-            # S done; P @ V (and P @ ones) left in flight under the softmax
-            s = warpgroup_mma_wait(2 if ROWSUM_MMA else 1, deps=(s_tok,))
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start + j * BLOCK_N,
                                                 rows, kv_end, kv_offset, causal, j >= n_full,
-                                                P_SHIFT, col_s, BLOCK_N, ROWSUM_MMA)
-            if ROWSUM_MMA:
-                acc, l_acc = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
-                l_acc = l_acc * gl.convert_layout(alpha, row_l)[:, None]
-            else:
-                acc = warpgroup_mma_wait(0, deps=(o_tok,))
+                                                P_SHIFT, col_s, BLOCK_N)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(prev), count=1)
             # acc is kept in units of the last block's v scale (triton_attention's rule)
             acc = acc * gl.convert_layout(alpha * (c_v / s_v), row_o)[:, None]
@@ -317,16 +295,8 @@ if gluon is not None:
             if not P8_CARRIED:
                 p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
             o_tok = warpgroup_mma(p8, vt_bufs.index(last).permute((1, 0)), acc, is_async=True)
-            if ROWSUM_MMA:
-                l_tok = warpgroup_mma(gl.convert_layout(p8, pl_layout), ones_smem.permute((1, 0)),
-                                      l_acc, is_async=True)
-                acc, l_acc = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
-            else:
-                acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(last), count=1)
-        if ROWSUM_MMA:
-            # no visible key: P = 0 exactly, l = 0
-            l_i = gl.convert_layout(gl.max(l_acc, 1), row_s)
 
         seen = l_i > 0
         inv = gl.where(seen, c_v / gl.where(seen, l_i, 1.0), 0.0)
@@ -350,14 +320,13 @@ if gluon is not None:
                      mask=ok_s)
 
     @gluon.jit
-    def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ones_smem, ready,
-                  empty, turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc, order,
+    def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                  turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc, order,
                   Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t,
                   spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, P8_CARRIED: gl.constexpr,
-                  ROWSUM_MMA: gl.constexpr):
+                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, P8_CARRIED: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         for k in range(_rounds(num_units, PERSISTENT)):
             w = _unit_index(k, num_units, PERSISTENT)
@@ -365,12 +334,11 @@ if gluon is not None:
              sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal, order,
                             BLOCK_M, BLOCK_N, PERSISTENT)
             if valid:
-                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ones_smem, ready, empty,
-                              turn, it, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h,
-                              PartO, spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
+                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn, it,
+                              Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
+                              spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
-                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, P8_CARRIED,
-                              ROWSUM_MMA)
+                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, P8_CARRIED)
             it += n_total
 
     @gluon.jit
@@ -411,7 +379,6 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, P8_CARRIED: gl.constexpr = False,
-        ROWSUM_MMA: gl.constexpr = False,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -442,29 +409,20 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
-        if ROWSUM_MMA:
-            # P @ ones' B operand: 8 columns of ones, K-major like kn_bufs' tiles (1 KB)
-            ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], KV_DTYPE)
-            ones = gl.full([8, BLOCK_N], 1.0, gl.float32,
-                           gl.BlockedLayout([1, 8], [8, 4], [1, 4], [1, 0])).to(KV_DTYPE)
-            ones_smem = gl.allocate_shared_memory(KV_DTYPE, [8, BLOCK_N], ones_layout, value=ones)
-            fence_async_shared()
-        else:
-            ones_smem = gl.constexpr(0)  # unused
 
         gl.warp_specialize([
-            (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ones_smem, ready,
-                         empty, turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+            (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                         turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         P8_CARRIED, ROWSUM_MMA)),
-            (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ones_smem, ready,
-                         empty, turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                         P8_CARRIED)),
+            (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                         turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         P8_CARRIED, ROWSUM_MMA)),
+                         P8_CARRIED)),
             (_producer, (KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
                          vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
                          BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT)),

@@ -73,8 +73,7 @@ class TileConfig:
     per unit), longest_first the one-CTA-per-unit grid taking each head's slices last to
     first (measured -3..+1%: off), p8_carried the Gluon kernel's earlier form that carries P
     from one key block to the next as fp8 (repacked before each P @ V; kept to be measured
-    against), rowsum_mma the softmax denominator summed on the tensor cores (a wgmma of the
-    fp8 P against a block of ones, next to its P @ V) instead of by the consumer's FADDs.
+    against).
     """
 
     block_m: int = 128
@@ -88,7 +87,6 @@ class TileConfig:
     persistent: bool = False
     longest_first: bool = False
     p8_carried: bool = False
-    rowsum_mma: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -355,7 +353,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q8, 
         KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        P8_CARRIED=config.p8_carried, ROWSUM_MMA=config.rowsum_mma, num_warps=ga.NUM_WARPS,
+        P8_CARRIED=config.p8_carried, num_warps=ga.NUM_WARPS,
         maxnreg=ga.MAXNREG,
     )
 
