@@ -16,12 +16,9 @@
 #                                         # triton_heads.STAGES 2, 3; ours with
 #                                         # triton_quant.KV_BLOCKS 2, 4), their GPU tests
 #   bash benchmarks/device_run.sh kernel  # the Gluon kernel's GPU tests, its variants at five
-#                                         # shapes (prefill.py --variants: P carried in float32
-#                                         # against fp8); kernel+quant adds quant_bench
-#                                         # --amortized (one call for both when the device is scarce)
-#   bash benchmarks/device_run.sh kernel2  # a carried debug script (.devdebug/rowsum.py) if
-#                                         # present, the Gluon variants, rotation_cost.py with
-#                                         # the defaults
+#                                         # shapes (prefill.py --variants), rotation_cost.py
+#   bash benchmarks/device_run.sh verify  # rotation_cost.py (dense, the defaults), then every
+#                                         # GPU test
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -30,7 +27,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, kernel2, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, verify, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -117,33 +114,28 @@ case "$stage" in
     amortized)
         rotation_calls amortized "--amortized" "--rotations dense --heads-stages 2,3 --kv-blocks 2,4"
         ;;
-    kernel|kernel+quant)
+    kernel)
+        # the Gluon kernel's GPU tests, its variants at five shapes, the rotation's end-to-end
+        # cost with the defaults
         timeout 110 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider -k "gluon and not longest" \
             -x > "$out/gpu-tests-kernel.log" 2>&1 || status=1
         tail -4 "$out/gpu-tests-kernel.log"
-        timeout 260 python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
-            --shapes B1-S8192-H128,B1-S16384-H16,B8-S2048-H128,B4-S4096-H16,B16-S512-H16 \
-            --variant-filter "gluon 128x128 s4,gluon 128x128 s4 p8-carried,gluon 128x128 s4 rowsum-mma,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent p8-carried" \
-            > "$out/variants.log" 2>&1 || status=1
-        summarize_variants
-        if [ "$stage" = kernel+quant ]; then
-            timeout 170 python3 benchmarks/quant_bench.py --amortized \
-                > "$out/quant-bench-amortized.log" 2>&1 || status=1
-            grep -E "TB/s|differing" "$out/quant-bench-amortized.log" | tail -60
-        fi
-        ;;
-    kernel2)
-        # a debug script in .devdebug/ first (carried, not committed), then the Gluon variants,
-        # then the rotation's end-to-end cost with the defaults
-        [ -f .devdebug/rowsum.py ] && timeout 60 python3 .devdebug/rowsum.py 2>&1 | tail -8
         timeout 240 python3 benchmarks/prefill.py --variants --out "$out/h200-variants.json" \
             --shapes B1-S8192-H128,B1-S16384-H16,B8-S2048-H128,B4-S4096-H16,B16-S512-H16 \
-            --variant-filter "gluon 128x128 s4,gluon 128x128 s4 p8-carried,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent p8-carried" \
+            --variant-filter "gluon 128x128 s4,gluon 128x128 s4 persistent" \
             > "$out/variants.log" 2>&1 || status=1
         summarize_variants
         timeout 230 python3 benchmarks/rotation_cost.py --rotations dense --out "$out/h200-rotation.json" \
             > "$out/rotation-cost.log" 2>&1 || status=1
         tail -16 "$out/rotation-cost.log"
+        ;;
+    verify)
+        timeout 230 python3 benchmarks/rotation_cost.py --rotations dense --out "$out/h200-rotation.json" \
+            > "$out/rotation-cost.log" 2>&1 || status=1
+        tail -16 "$out/rotation-cost.log"
+        timeout 330 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
+            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
+        tail -25 "$out/gpu-tests.log"
         ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
@@ -168,7 +160,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, kernel+quant, kernel2, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, verify, last or variants)" >&2
         exit 2
         ;;
 esac

@@ -297,11 +297,10 @@ def variants(args):
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     configs = {"triton 64x64 w4 s4": FP8_CONFIG}
-    for st, pp, pers, p8 in ((3, False, False, False), (4, False, False, False), (4, True, False, False),
-                             (4, False, True, False), (4, False, False, True), (4, False, True, True)):
-        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers, p8_carried=p8)
+    for st, pp, pers in ((3, False, False), (4, False, False), (4, True, False), (4, False, True)):
+        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
-                f"{' persistent' if pers else ''}{' p8-carried' if p8 else ''}"] = cfg
+                f"{' persistent' if pers else ''}"] = cfg
     if args.variant_filter:
         wanted = args.variant_filter.split(",")
         configs = {k: c for k, c in configs.items() if any(w == k for w in wanted)}

@@ -51,6 +51,8 @@ FP8_DTYPE = {"sm_90": torch.float8_e4m3fn, "gfx942": torch.float8_e4m3fnuz,
              "gfx950": torch.float8_e4m3fn}
 #: the batches launches are recorded from: heads, q lengths = k lengths (causal)
 BATCH = (16, [300, 517, 64])
+#: SMs of the GPU the recorded launches are sized for
+H200_SMS = 132
 #: another batch of the same model, for the one-variant-per-model check
 OTHER_BATCH = (16, [1, 4096, 333, 77, 129])
 
@@ -132,12 +134,14 @@ def _recording(calls: list, tma: bool, permuted: bool):
 
 def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
            split: bool = False, tma: bool | None = None, rotate: bool = False,
-           rotation: str = tq.ROTATION) -> list:
+           rotation: str = tq.ROTATION, fill_gpu: bool = False) -> list:
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
     host code (`TritonKernel._run_ordinary`: the workspace views, the quantization (q and k
     rotated with `rotate`, by `rotation`: the provider passes none, so another one than the
     default is passed by wrapping `triton_quant.quantize_qkv` for the call), phase 1 with
-    `config`, the reduce of a split plan), on CPU tensors shaped as on the device."""
+    `config`, the reduce of a split plan), on CPU tensors shaped as on the device; `fill_gpu`: the
+    SM count taken as 0, so that the dense rotation's q/k/v launch takes ROTATED_QKV_BLOCKS, as
+    a batch that fills the GPU does (`triton_quant.rotated_qkv_blocks`)"""
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.base import PrefillInputs
     from tests.core.helpers import random_batch, vllm_v_view
@@ -160,7 +164,11 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     calls: list = []
     cuda = arch.startswith("sm_")
     quantize_qkv = tq.quantize_qkv
+    workers = tk.default_num_workers
     try:
+        # the SM count the provider sizes the rotated q/k/v grid by: an H200's (132, so the
+        # small recorded batch takes the fewest blocks a program), or none (the most)
+        tk.default_num_workers = lambda device: 0 if fill_gpu else H200_SMS
         if rotation != tq.ROTATION:
             tq.quantize_qkv = functools.partial(quantize_qkv, rotation=rotation)
         with _recording(calls, cuda if tma is None else tma, cuda):
@@ -173,6 +181,7 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
                     num_kv_splits=0, out=out, final_lse=lse))
     finally:
         tq.quantize_qkv = quantize_qkv
+        tk.default_num_workers = workers
     return calls
 
 
@@ -223,13 +232,13 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
                 f"w{c['num_warps']} s{c['num_stages']}" + (" tma" if c["USE_TMA"] else ""))
     if fn.__name__ == "mla_prefill_fp8_kernel":
         return (f"gluon attention fp8 {c['BLOCK_M']}x{c['BLOCK_N']} s{c['NUM_STAGES']} ws"
-                + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
-                + (" p8-carried" if c.get("P8_CARRIED") else ""))
+                + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
         part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
         return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}"
     if fn.__name__ == "_quant_qkv_kernel":
-        return "quant_qkv" + _rotation(c) + f" w{c['num_warps']}"
+        blocks = f" kv{c['KV_BLOCKS']}" if c.get("KV_BLOCKS", 1) > 1 else ""
+        return "quant_qkv" + _rotation(c) + blocks + f" w{c['num_warps']}"
     return f"reduce final_map={int(c['HAS_FINAL_MAP'])}"
 
 
@@ -241,6 +250,7 @@ def scenarios(arch: str) -> list[dict]:
         g = tk.GLUON_FP8_CONFIG
         runs = [dict(fp8=True, config=tk.FP8_CONFIG, split=True),
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True),
+                dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, fill_gpu=True),
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, rotation="kron"),
                 dict(fp8=False, config=tk.BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, layout="vllm"),
@@ -249,8 +259,7 @@ def scenarios(arch: str) -> list[dict]:
                 # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
                 dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
                 dict(fp8=True, config=replace(g, pingpong=True)),
-                dict(fp8=True, config=replace(g, persistent=True)),
-                dict(fp8=True, config=replace(g, p8_carried=True))]
+                dict(fp8=True, config=replace(g, persistent=True))]
     else:
         runs = []
         for fp8 in (True, False):
@@ -259,6 +268,7 @@ def scenarios(arch: str) -> list[dict]:
                                    use_tma=False)
             runs.append(dict(fp8=fp8, config=config, split=True))
         runs.append(dict(runs[0], rotate=True))
+        runs.append(dict(runs[0], rotate=True, fill_gpu=True))
         runs.append(dict(runs[0], rotate=True, rotation="kron"))
     return runs
 

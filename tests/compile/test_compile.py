@@ -44,12 +44,18 @@ def test_compiles_without_spills(spec):
 def test_one_variant_per_model(arch):
     """Batches of one model launch the kernels Triton already compiled for the first batch:
     nothing that follows the batch (lengths, tile counts, scale rows) is specialized on, so
-    serving never stops mid-traffic for a JIT compile."""
+    serving never stops mid-traffic for a JIT compile. The one choice that follows the grid's
+    size (the dense rotation's q/k/v blocks a program, `triton_quant.rotated_qkv_blocks`) has
+    two variants, both recorded (scenarios with and without fill_gpu), and no batch adds one."""
     first = {s.key(): s.name for s in aot.arch_specs(arch)}
     other = {s.key(): s.name for s in aot.arch_specs(arch, batch=aot.OTHER_BATCH)}
-    assert first.keys() == other.keys(), (
+    assert other.keys() <= first.keys(), (
         f"{arch}: the second batch compiles {sorted(set(other.values()) - set(first.values()))} "
-        f"anew (keys differ: {sorted(set(other) ^ set(first))})"
+        f"anew (keys only it has: {sorted(set(other) - set(first))})"
+    )
+    assert len(first) - len(other) <= 1, (
+        f"{arch}: the first batch compiles more than the grid-sized q/k/v variant beyond the "
+        f"second's: {sorted(set(first.values()) - set(other.values()))}"
     )
 
 

@@ -171,6 +171,28 @@ def test_kv_blocks_leave_every_byte(emulated, mode, parts):
         assert same(a, b)
 
 
+def test_rotated_qkv_blocks_follow_the_grid(emulated):
+    """With `sms` (the Triton provider's call) the dense rotated q/k/v launch takes
+    ROTATED_QKV_BLOCKS where its grid keeps QKV_PROGRAMS_PER_SM programs an SM and the
+    earlier default where it would not (an H200's 132 SMs at B1-S1024-H16: 64 programs);
+    either way the bytes are those of the call without `sms`."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    many, fallback = tq.ROTATED_QKV_BLOCKS, (tq.KV_BLOCKS, tq.Q_BLOCKS_ROTATED)
+    assert many != fallback
+    assert tq.rotated_qkv_blocks(8192, 8192, 1, 128, 132) == many
+    assert tq.rotated_qkv_blocks(1024, 1024, 1, 16, 132) == fallback
+    q, k, v, cq, ck = random_batch([37, 1, 130], [50, 900, 129], 2, dtype=torch.float16,
+                                   scale=3.0)
+    assert tq.rotated_qkv_blocks(130, 900, 3, 2, 1) == many
+    assert tq.rotated_qkv_blocks(130, 900, 3, 2, 132) == fallback
+    got = [qkv(q, k, v, cq, ck, rotate=True, **knobs)
+           for knobs in ({}, {"sms": 1}, {"sms": 132})]
+    for want, *others in zip(*got, strict=True):
+        for other in others:
+            assert same(other, want)
+
+
 def test_quantize_qkv_all_zero_blocks_scale_one(emulated):
     """A block of zeros (q, k, v) has scale 1 and zero values, rotated (either way) or not."""
     q, k, v, cq, ck = batch(bad=False)

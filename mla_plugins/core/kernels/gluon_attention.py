@@ -177,8 +177,7 @@ if gluon is not None:
                       sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
                       qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
-                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                      P8_CARRIED: gl.constexpr):
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
 
         PINGPONG: the two warpgroups take turns issuing their products (FA3's schedule),
@@ -229,10 +228,10 @@ if gluon is not None:
         zero_s = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
         # P of the block before, the A operand of its P @ V, issued with the next block's
         # q k^T: carried in float32 and cast to fp8 just before (the cast's F2FP writes the
-        # operand registers), or with P8_CARRIED as fp8, which Triton carries a byte per
-        # register and repacks before every P @ V (~180 more instructions per block)
+        # operand registers). Carried as fp8, Triton holds it a byte per register and repacks
+        # it before every P @ V: ~180 more instructions per block, 11-14% slower on the H200
+        # (benchmarks/NOTES.md, stop 27)
         p = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
-        p8 = gl.zeros([HALF_G, BLOCK_N], KV_DTYPE, p_layout)
         c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
 
         if n_total > 0:
@@ -252,8 +251,6 @@ if gluon is not None:
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start, rows, kv_end,
                                                 kv_offset, causal, n_full == 0, P_SHIFT, col_s,
                                                 BLOCK_N)
-            if P8_CARRIED:
-                p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
 
         # each block's two scales are loaded one step ahead (their latency off the critical path)
         SSTEP: gl.constexpr = BLOCK_N // 16
@@ -273,8 +270,7 @@ if gluon is not None:
                                   use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
             prev = (it - 1) % NUM_STAGES
-            if not P8_CARRIED:
-                p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
+            p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
             o_tok = warpgroup_mma(p8, vt_bufs.index(prev).permute((1, 0)), acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
@@ -287,13 +283,10 @@ if gluon is not None:
             # acc is kept in units of the last block's v scale (triton_attention's rule)
             acc = acc * gl.convert_layout(alpha * (c_v / s_v), row_o)[:, None]
             c_v = s_v
-            if P8_CARRIED:
-                p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
 
         if n_total > 0:
             last = (it0 + n_total - 1) % NUM_STAGES
-            if not P8_CARRIED:
-                p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
+            p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
             o_tok = warpgroup_mma(p8, vt_bufs.index(last).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(last), count=1)
@@ -326,7 +319,7 @@ if gluon is not None:
                   spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, P8_CARRIED: gl.constexpr):
+                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         for k in range(_rounds(num_units, PERSISTENT)):
             w = _unit_index(k, num_units, PERSISTENT)
@@ -338,7 +331,7 @@ if gluon is not None:
                               Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
-                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, P8_CARRIED)
+                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG)
             it += n_total
 
     @gluon.jit
@@ -378,7 +371,7 @@ if gluon is not None:
         KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
-        PERSISTENT: gl.constexpr, P8_CARRIED: gl.constexpr = False,
+        PERSISTENT: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -415,14 +408,12 @@ if gluon is not None:
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
-                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         P8_CARRIED)),
+                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
-                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         P8_CARRIED)),
+                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
             (_producer, (KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
                          vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
                          BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT)),

@@ -71,9 +71,7 @@ class TileConfig:
     pingpong its two consumer warpgroups taking turns on the tensor cores, persistent one
     CTA per SM looping over the work (heads in L2-sized groups, longest first; else one CTA
     per unit), longest_first the one-CTA-per-unit grid taking each head's slices last to
-    first (measured -3..+1%: off), p8_carried the Gluon kernel's earlier form that carries P
-    from one key block to the next as fp8 (repacked before each P @ V; kept to be measured
-    against).
+    first (measured -3..+1%: off).
     """
 
     block_m: int = 128
@@ -86,7 +84,6 @@ class TileConfig:
     pingpong: bool = False
     persistent: bool = False
     longest_first: bool = False
-    p8_carried: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -255,7 +252,8 @@ def run_prefill(
         if quantized is None:
             quantized = tq.quantize_qkv(
                 q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, batch, plan.max_seqlen_q,
-                plan.max_seqlen_k, storage, fp8_max, rotate=inputs.fp8_rotate)
+                plan.max_seqlen_k, storage, fp8_max, rotate=inputs.fp8_rotate,
+                sms=default_num_workers(device))
         q_src, q_scales, k8, vt8, scales = quantized
         k_src, v_src = k8, vt8
         kv_dtype = _tl_fp8(storage)
@@ -353,7 +351,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q8, 
         KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        P8_CARRIED=config.p8_carried, num_warps=ga.NUM_WARPS,
+        num_warps=ga.NUM_WARPS,
         maxnreg=ga.MAXNREG,
     )
 
@@ -589,7 +587,7 @@ class TritonKernel(Kernel):
                 _storage_dtype(inputs.fp8_dtype), float(torch.finfo(inputs.fp8_dtype).max),
                 out=(scratch["q8"], scratch["q_scales"], scratch["k8"], scratch["vt8"],
                      scratch["scales"]),
-                rotate=inputs.fp8_rotate,
+                rotate=inputs.fp8_rotate, sms=default_num_workers(inputs.q.device),
             )
         partial_out, partial_lse = scratch["partial_out"], scratch["partial_lse"]
         run_prefill(inputs, plan, out, lse, partial_out, partial_lse, quantized=quantized)

@@ -106,13 +106,18 @@ PARTS = 2
 #: Measured on the H200 (benchmarks/NOTES.md, stop 27): unrotated, 2 and 4 lose 25-30%
 #: (3.20 -> 2.29 TB/s at B1-S8192-H128); with the dense rotation, 4 blocks and 8 q blocks a
 #: program take q/k/v from 1.32-1.33 to 1.47 TB/s at the H128 shapes (+6% at B1-S16384-H16,
-#: -1% at B16-S512-H16)
+#: -1% at B16-S512-H16), and lose where the grid gets too small to fill the GPU (B1-S1024-H16:
+#: 64 programs), so `rotated_qkv_blocks` takes them only with QKV_PROGRAMS_PER_SM programs an SM
 KV_BLOCKS = 1
-KV_BLOCKS_ROTATED = 4
 #: 64-row q blocks one program quantizes in turn; with ROTATE each program first fills
 #: shared memory with M (72 KB from L2), which more blocks per program amortize
 Q_BLOCKS = 1
-Q_BLOCKS_ROTATED = 8
+Q_BLOCKS_ROTATED = 2
+#: (kv_blocks, q_blocks) of the dense rotation when its grid still fills the GPU (measured:
+#: 4 and 8); else (KV_BLOCKS, Q_BLOCKS_ROTATED), the earlier default. Two variants at most, so a
+#: model's batches compile the q/k/v kernel at most twice (tests/compile, one variant per model)
+ROTATED_QKV_BLOCKS = (4, 8)
+QKV_PROGRAMS_PER_SM = 4
 #: the rotation's implementations (`rotation=`): "dense", x @ M as four products of M's
 #: blocks (M in shared memory, 72 KB); "kron", two batched products of 16 x 16 tiles per row
 #: (`kron_to_fp8`, operands of 1.5 KB). Timed on the H200 (benchmarks/NOTES.md, stop 25):
@@ -669,6 +674,18 @@ if triton is not None:
             _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, FP8_MAX,
                       HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS)
 
+def rotated_qkv_blocks(max_seqlen_q: int, max_seqlen_k: int, batch: int, heads: int,
+                       sms: int) -> tuple[int, int]:
+    """(kv_blocks, q_blocks) of the dense rotated `quantize_qkv`: ROTATED_QKV_BLOCKS when its
+    grid keeps QKV_PROGRAMS_PER_SM programs per SM (`sms`), else (KV_BLOCKS, Q_BLOCKS_ROTATED)."""
+    kv_blocks, q_blocks = ROTATED_QKV_BLOCKS
+    n_kv = -(-max_seqlen_k // (SCALE_BLOCK * kv_blocks))
+    n_q = -(-max_seqlen_q // (QBLOCK * q_blocks))
+    if (n_kv + n_q) * batch * heads >= QKV_PROGRAMS_PER_SM * max(1, sms):
+        return kv_blocks, q_blocks
+    return KV_BLOCKS, Q_BLOCKS_ROTATED
+
+
 def on_rocm(device: torch.device) -> bool:
     """Whether `device` is an AMD GPU (torch's ROCm build names it "cuda")."""
     return device.type == "cuda" and bool(torch.version.hip)
@@ -808,6 +825,7 @@ def quantize_qkv(
     kron_rows: int = KRON_ROWS,
     permuted: bool | None = None,
     kv_blocks: int | None = None,
+    sms: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], q scales float32 [Tq, H], k8 [Tk, H, 192], vt8 [H * 128, T_pad],
     scales float32 [2, H, T_pad / 16]) in one launch (module doc for the layouts).
@@ -823,8 +841,9 @@ def quantize_qkv(
     `rotate`; `kron_rows`: rows of one Kronecker tile (KRON_ROWS). `heads_per_program`,
     `num_warps` (default `quant_warps`), `parts` and `q_blocks` (64-row q blocks per program,
     default Q_BLOCKS, Q_BLOCKS_ROTATED with `rotate`) and `kv_blocks` (128-key blocks per
-    k/v program, default KV_BLOCKS, KV_BLOCKS_ROTATED with the dense rotation: more amortize
-    its operand load) are tuning knobs; the amax rule's outputs do not depend on them (bit
+    k/v program, default KV_BLOCKS: more amortize the rotation's operand load) are tuning
+    knobs, chosen by `rotated_qkv_blocks` for the dense rotation when `sms` (the device's SM
+    count) is given and neither is; the amax rule's outputs do not depend on them (bit
     for bit); rotated, a knob
     could only change the order of the products' float32 sums (benchmarks/quant_bench.py
     compares every configuration). `permuted`: vt8's key order (module doc), `permuted_v(k.device)` by
@@ -846,8 +865,10 @@ def quantize_qkv(
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     # at least one block per sequence when there are keys: an empty one still writes its
     # zero columns
+    if rotate and not kron and sms is not None and kv_blocks is None and q_blocks is None:
+        kv_blocks, q_blocks = rotated_qkv_blocks(max_seqlen_q, max_seqlen_k, batch, heads, sms)
     if kv_blocks is None:
-        kv_blocks = KV_BLOCKS_ROTATED if rotate and not kron else KV_BLOCKS
+        kv_blocks = KV_BLOCKS
     if kv_blocks < 1:
         raise ValueError(f"kv_blocks: found {kv_blocks}, expected 1 or more")
     n_kv = max(1, triton.cdiv(max_seqlen_k, SCALE_BLOCK * kv_blocks)) if total_k else 0
