@@ -17,8 +17,10 @@
 #                                         # triton_quant.KV_BLOCKS 2, 4), their GPU tests
 #   bash benchmarks/device_run.sh kernel  # the Gluon kernel's GPU tests, its variants at five
 #                                         # shapes (prefill.py --variants), rotation_cost.py
-#   bash benchmarks/device_run.sh verify  # rotation_cost.py (dense, the defaults), then every
-#                                         # GPU test
+#   bash benchmarks/device_run.sh verify  # rotation_cost.py at the small shapes, the serving
+#                                         # section into results/h200.json, every GPU test
+#   bash benchmarks/device_run.sh profile # Nsight Compute (full set) of the Gluon kernel and of
+#                                         # FA3's FP8 forward, one launch each, B1-S8192-H128
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -27,7 +29,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, verify, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -130,12 +132,30 @@ case "$stage" in
         tail -16 "$out/rotation-cost.log"
         ;;
     verify)
-        timeout 230 python3 benchmarks/rotation_cost.py --rotations dense --out "$out/h200-rotation.json" \
-            > "$out/rotation-cost.log" 2>&1 || status=1
-        tail -16 "$out/rotation-cost.log"
-        timeout 330 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
+        # the rotation's end-to-end cost at the three small shapes (where the q/k/v blocks a
+        # program follow the grid), the serving section merged into the committed h200.json (a
+        # `final` call that ran out of time before it), then every GPU test
+        timeout 100 python3 benchmarks/rotation_cost.py --rotations dense --kernels flash_attn,triton \
+            --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 --out "$out/h200-rotation-small.json" \
+            > "$out/rotation-cost-small.log" 2>&1 || status=1
+        tail -7 "$out/rotation-cost-small.log"
+        cp benchmarks/results/h200.json "$out/h200.json"
+        timeout 150 python3 benchmarks/prefill.py --serving-only --out "$out/h200.json" \
+            > "$out/serving.log" 2>&1 || status=1
+        tail -3 "$out/serving.log"
+        timeout 300 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
             -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
         tail -25 "$out/gpu-tests.log"
+        ;;
+    profile)
+        for who in gluon fa3; do
+            name=$([ $who = fa3 ] && echo flash || echo mla_prefill)
+            timeout 250 ncu --set full --kernel-name regex:$name --launch-skip 2 --launch-count 1 \
+                python3 benchmarks/profile_phase1.py --kernel $who --shape B1-S8192-H128 \
+                > "$out/ncu-$who.txt" 2>&1 || status=1
+            grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Stall|Warp Cycles Per Issued" \
+                "$out/ncu-$who.txt" | head -30
+        done
         ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
@@ -160,7 +180,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, verify, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

@@ -4,7 +4,9 @@
         --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \\
         python benchmarks/profile_phase1.py --kernel gluon --shape B1-S16384-H16
 
-Runs the chosen phase-1 kernel four times (three warm-ups for ncu's --launch-skip).
+Runs the chosen phase-1 kernel four times (three warm-ups for ncu's --launch-skip);
+`--kernel fa3`: FlashAttention-3's FP8 forward on inputs quantized beforehand (the peer the
+attention-alone goal divides by; ncu --kernel-name regex:flash).
 """
 
 from __future__ import annotations
@@ -31,12 +33,24 @@ def main():
     from tests.gpu.conftest import make_inputs
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=["gluon", "triton"], default="gluon")
+    ap.add_argument("--kernel", choices=["gluon", "triton", "fa3"], default="gluon")
     ap.add_argument("--shape", default="B1-S16384-H16")
     args = ap.parse_args()
     lq, lk, heads = {n: (q, k, h) for n, q, k, h in SHAPES}[args.shape]
     cfg = GLUON_FP8_CONFIG if args.kernel == "gluon" else FP8_CONFIG
     q, k, v, cq, ck = make_batch(lq, lk, heads, "cuda")
+    if args.kernel == "fa3":
+        from peers import fa3_peer, head_quant_torch
+
+        q8, dq = head_quant_torch(q, cq.tolist())
+        k8, dk = head_quant_torch(k, ck.tolist())
+        v8, dv = head_quant_torch(v, ck.tolist())
+        run, _ = fa3_peer(q, k, v, cq, ck, max(lq), max(lk), 192 ** -0.5, fp8=True,
+                          quantized=(q8, k8, v8, dq, dk, dv))
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        return
     plan = plan_prefill(cq, ck, num_heads=heads, causal=True, kernel="triton", tile_q=cfg.block_m, num_workers=1)
     inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
     quant = tq.quantize_qkv(q, k, v, cq, ck, len(lq), max(lq), max(lk), torch.float8_e4m3fn,
