@@ -150,7 +150,7 @@ case "$stage" in
     profile)
         for who in gluon fa3; do
             name=$([ $who = fa3 ] && echo flash || echo mla_prefill)
-            timeout 250 ncu --set full --kernel-name regex:$name --launch-skip 2 --launch-count 1 \
+            timeout 200 ncu --set full --kernel-name regex:$name --launch-skip 2 --launch-count 1 \
                 python3 benchmarks/profile_phase1.py --kernel $who --shape B1-S8192-H128 \
                 > "$out/ncu-$who.txt" 2>&1 || status=1
             grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Stall|Warp Cycles Per Issued" \
