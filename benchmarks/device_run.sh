@@ -149,7 +149,7 @@ case "$stage" in
         ;;
     profile)
         for who in gluon fa3; do
-            name=$([ $who = fa3 ] && echo flash || echo mla_prefill)
+            name=$([ $who = fa3 ] && echo device_kernel || echo mla_prefill)
             timeout 200 ncu --set full --kernel-name regex:$name --launch-skip 2 --launch-count 1 \
                 python3 benchmarks/profile_phase1.py --kernel $who --shape B1-S8192-H128 \
                 > "$out/ncu-$who.txt" 2>&1 || status=1

@@ -6,7 +6,7 @@
 
 Runs the chosen phase-1 kernel four times (three warm-ups for ncu's --launch-skip);
 `--kernel fa3`: FlashAttention-3's FP8 forward on inputs quantized beforehand (the peer the
-attention-alone goal divides by; ncu --kernel-name regex:flash).
+attention-alone goal divides by; its kernel is CUTLASS's `device_kernel`).
 """
 
 from __future__ import annotations
