@@ -17,8 +17,9 @@
 #                                         # triton_quant.KV_BLOCKS 2, 4), their GPU tests
 #   bash benchmarks/device_run.sh kernel  # the Gluon kernel's GPU tests, its variants at five
 #                                         # shapes (prefill.py --variants), rotation_cost.py
-#   bash benchmarks/device_run.sh verify  # rotation_cost.py at the small shapes, the serving
-#                                         # section into results/h200.json, every GPU test
+#   bash benchmarks/device_run.sh final   # benchmarks/prefill.py without its serving section,
+#                                         # then the serving section merged into the same JSON
+#   bash benchmarks/device_run.sh verify  # rotation_cost.py at the small shapes, every GPU test
 #   bash benchmarks/device_run.sh profile # Nsight Compute (full set) of the Gluon kernel and of
 #                                         # FA3's FP8 forward, one launch each, B1-S8192-H128
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
@@ -83,14 +84,15 @@ case "$stage" in
         cp mla_plugins/core/dispatch_h200.json "$out/" || status=1
         ;;
     final)
-        # the benchmark (bounded), then the GPU tests with what is left of the call
-        timeout 430 python3 benchmarks/prefill.py --out "$out/h200.json" \
+        # the benchmark without its serving section (bounded), then the serving section merged
+        # into the same file (prefill.py --serving-only); the GPU tests are `verify`'s
+        timeout 440 python3 benchmarks/prefill.py --no-serving --out "$out/h200.json" \
             --dispatch-out mla_plugins/core/dispatch_h200.json > "$out/prefill.log" 2>&1 || status=1
         cp mla_plugins/core/dispatch_h200.json "$out/" 2>/dev/null
         tail -45 "$out/prefill.log"
-        timeout 120 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
-            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1
-        tail -25 "$out/gpu-tests.log"
+        timeout 140 python3 benchmarks/prefill.py --serving-only --out "$out/h200.json" \
+            > "$out/serving.log" 2>&1 || status=1
+        tail -3 "$out/serving.log"
         ;;
     auto)
         # kernel='auto' with the committed table and defaults, beside the FA3 peers it is
@@ -133,16 +135,11 @@ case "$stage" in
         ;;
     verify)
         # the rotation's end-to-end cost at the three small shapes (where the q/k/v blocks a
-        # program follow the grid), the serving section merged into the committed h200.json (a
-        # `final` call that ran out of time before it), then every GPU test
+        # program follow the grid), then every GPU test
         timeout 100 python3 benchmarks/rotation_cost.py --rotations dense --kernels flash_attn,triton \
             --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 --out "$out/h200-rotation-small.json" \
             > "$out/rotation-cost-small.log" 2>&1 || status=1
         tail -7 "$out/rotation-cost-small.log"
-        cp benchmarks/results/h200.json "$out/h200.json"
-        timeout 150 python3 benchmarks/prefill.py --serving-only --out "$out/h200.json" \
-            > "$out/serving.log" 2>&1 || status=1
-        tail -3 "$out/serving.log"
         timeout 300 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
             -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
         tail -25 "$out/gpu-tests.log"
