@@ -56,6 +56,12 @@ rotation_calls() {
         > "$out/gpu-tests-$1.log" 2>&1 || status=1
     tail -8 "$out/gpu-tests-$1.log"
 }
+# every GPU test, bounded by $1 seconds, into gpu-tests.log; its last $2 lines shown
+all_gpu_tests() {
+    timeout "$1" python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
+        -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
+    tail -"$2" "$out/gpu-tests.log"
+}
 # one line per row of prefill.py --variants' log (shape, variant, error, GPU-time TFLOP/s)
 summarize_variants() {
     python3 - "$out/variants.log" <<'PY'
@@ -108,9 +114,7 @@ case "$stage" in
         timeout 200 python3 benchmarks/host_fa3.py --out "$out/h200-host-fa3.json" \
             > "$out/host-fa3.log" 2>&1 || status=1
         tail -12 "$out/host-fa3.log"
-        timeout 330 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
-            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
-        tail -25 "$out/gpu-tests.log"
+        all_gpu_tests 330 25
         ;;
     rotation)
         rotation_calls rotation "--only heads,qkv --rotate-only" ""
@@ -140,9 +144,7 @@ case "$stage" in
             --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 --out "$out/h200-rotation-small.json" \
             > "$out/rotation-cost-small.log" 2>&1 || status=1
         tail -7 "$out/rotation-cost-small.log"
-        timeout 300 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
-            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
-        tail -25 "$out/gpu-tests.log"
+        all_gpu_tests 300 25
         ;;
     profile)
         for who in gluon fa3; do
@@ -160,9 +162,7 @@ case "$stage" in
         tail -12 "$out/prefill-auto.log"
         timeout 110 python3 benchmarks/host_fa3.py --out "$out/h200-host-fa3.json" \
             > "$out/host-fa3.log" 2>&1 || status=1
-        timeout 170 python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
-            -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
-        tail -6 "$out/gpu-tests.log"
+        all_gpu_tests 170 6
         timeout 60 ncu --kernel-name regex:_head_cast_kernel --launch-skip 3 --launch-count 3 \
             --section SpeedOfLight --section Occupancy --section WarpStateStats \
             --section InstructionStats --section MemoryWorkloadAnalysis \
