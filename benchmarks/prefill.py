@@ -278,29 +278,49 @@ VARIANT_SHAPES = ("B1-S8192-H128", "B8-S2048-H128", "B1-S16384-H16", "B4-S4096-H
                   "B16-S512-H16", "chunked-q512-k8192-H16", "varlen-H16")
 
 
-def variants(args):
-    """fp8 phase-1 variants side by side (the portable Triton kernel, the Gluon kernel at each
-    ring depth): error against float64 and TFLOP/s end to end and of the attention alone,
-    each with its own plan (tile_q = the variant's block_m)."""
+def variant_configs(fp8: bool) -> dict:
+    """The phase-1 variants `--variants` measures, by label: fp8, the portable kernel and the
+    Gluon kernel at each ring depth; 16-bit (`--bf16`), the portable kernel and the Gluon
+    kernel at 64- and 128-key steps (the 128-key one spills: measured, never launched by
+    the provider)."""
     from dataclasses import replace
 
-    from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.triton_kernel import (
+        BF16_CONFIG,
         FP8_CONFIG,
+        GLUON_BF16_CONFIG,
         GLUON_FP8_CONFIG,
-        run_prefill,
-        split_workers,
     )
+
+    if fp8:
+        configs = {"triton 64x64 w4 s4": FP8_CONFIG}
+        base, shapes = GLUON_FP8_CONFIG, ((128, 3, False, False), (128, 4, False, False),
+                                          (128, 4, True, False), (128, 4, False, True))
+    else:
+        configs = {"triton 128x64 w8 s3": BF16_CONFIG}
+        base, shapes = GLUON_BF16_CONFIG, ((64, 4, False, False), (64, 3, False, False),
+                                           (64, 4, True, False), (64, 4, False, True),
+                                           (128, 2, False, False))
+    for bn, st, pp, pers in shapes:
+        cfg = replace(base, block_n=bn, num_stages=st, pingpong=pp, persistent=pers)
+        configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
+                f"{' persistent' if pers else ''}"] = cfg
+    return configs
+
+
+def variants(args):
+    """Phase-1 variants side by side (`variant_configs`; fp8, or 16-bit with --bf16): error
+    against float64 and TFLOP/s end to end and (fp8) of the attention alone, each with its
+    own plan (tile_q = the variant's block_m); in 16-bit, FA3 bf16 in the same process."""
+    from mla_plugins.core.api import plan_prefill
+    from mla_plugins.core.kernels.triton_kernel import run_prefill, split_workers
     from mla_plugins.core.kernels.triton_reduce import reduce
     from tests.gpu.conftest import make_inputs, reference_on_device, rel_err
 
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    configs = {"triton 64x64 w4 s4": FP8_CONFIG}
-    for st, pp, pers in ((3, False, False), (4, False, False), (4, True, False), (4, False, True)):
-        cfg = replace(GLUON_FP8_CONFIG, num_stages=st, pingpong=pp, persistent=pers)
-        configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
-                f"{' persistent' if pers else ''}"] = cfg
+    fp8 = not args.bf16
+    configs = variant_configs(fp8)
     if args.variant_filter:
         wanted = args.variant_filter.split(",")
         configs = {k: c for k, c in configs.items() if any(w == k for w in wanted)}
@@ -313,7 +333,10 @@ def variants(args):
         q, k, v, cq, ck = make_batch(lq, lk, heads, device)
         fl = flops(lq, lk, heads)
         ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
-        inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
+        inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
+        if not fp8:
+            rows.append(_fa3_bf16_row(name, q, k, v, cq, ck, lq, lk, ref, fl))
+            print(json.dumps(rows[-1]), flush=True)
         for label, cfg in configs.items():
             row = {"shape": name, "variant": label}
             try:
@@ -333,8 +356,10 @@ def variants(args):
                 row["nan"] = bool(torch.isnan(out).any().item() or torch.isnan(lse).any().item())
                 row["workers"] = workers
                 graphs = {}
-                e2e, attn = time_ours(q, k, v, cq, ck, heads, True, plan, cfg, graphs=graphs)
-                row.update(e2e_ms=e2e, attn_ms=attn, e2e_tflops=fl / e2e / 1e9, attn_tflops=fl / attn / 1e9)
+                e2e, attn = time_ours(q, k, v, cq, ck, heads, fp8, plan, cfg, graphs=graphs)
+                row.update(e2e_ms=e2e, e2e_tflops=fl / e2e / 1e9)
+                if attn:
+                    row.update(attn_ms=attn, attn_tflops=fl / attn / 1e9)
                 for key, gms in graphs.items():
                     if gms:
                         row[key] = gms
@@ -351,6 +376,25 @@ def variants(args):
         json.dump({"variants": rows, "env": environment(),
                    "command": "PYTHONPATH=. python benchmarks/prefill.py " + " ".join(sys.argv[1:])},
                   f, indent=1)
+
+
+def _fa3_bf16_row(name, q, k, v, cq, ck, lq, lk, ref, fl) -> dict:
+    """FA3 bf16 (its public call, the frameworks' peer) on the variants' inputs."""
+    row = {"shape": name, "variant": "fa3 bf16"}
+    try:
+        import peers
+
+        from tests.gpu.conftest import rel_err
+
+        run, res = peers.fa3_peer(q, k, v, cq, ck, max(lq), max(lk), DQK**-0.5)
+        run()
+        row["err"] = rel_err(res(), ref)
+        gms = graph_ms(run)
+        if gms:
+            row.update(e2e_graph_ms=gms, e2e_graph_tflops=fl / gms / 1e9)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return row
 
 
 def environment():
@@ -802,6 +846,8 @@ def main():
                     help="with --variants: comma-separated variant labels to run (default: all)")
     ap.add_argument("--variants", action="store_true",
                     help="fp8 phase-1 variants (Triton, Gluon per ring depth): error and TFLOP/s")
+    ap.add_argument("--bf16", action="store_true",
+                    help="with --variants: the 16-bit variants, beside FA3 bf16")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--dispatch-out", default="",
                     help="also write the dispatch table kernel='auto' reads (e.g. "

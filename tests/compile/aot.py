@@ -119,7 +119,7 @@ def _recording(calls: list, tma: bool, permuted: bool):
                "quant_warps": lambda device, rotate, rotation=tq.ROTATION: tq.warps_for(
                    rocm, rotate, rotation)}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
-               (ga, "mla_prefill_fp8_kernel"), (th, "_head_bound_kernel"),
+               (ga, "mla_prefill_gluon_kernel"), (th, "_head_bound_kernel"),
                (th, "_head_cast_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
                (tq, "quant_warps"), (tq, "on_rocm")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
@@ -230,8 +230,9 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
     if fn.__name__ == "mla_prefill_kernel":
         return (f"attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"w{c['num_warps']} s{c['num_stages']}" + (" tma" if c["USE_TMA"] else ""))
-    if fn.__name__ == "mla_prefill_fp8_kernel":
-        return (f"gluon attention fp8 {c['BLOCK_M']}x{c['BLOCK_N']} s{c['NUM_STAGES']} ws"
+    if fn.__name__ == "mla_prefill_gluon_kernel":
+        return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
+                f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
         part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
@@ -259,7 +260,11 @@ def scenarios(arch: str) -> list[dict]:
                 # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
                 dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
                 dict(fp8=True, config=replace(g, pingpong=True)),
-                dict(fp8=True, config=replace(g, persistent=True))]
+                dict(fp8=True, config=replace(g, persistent=True)),
+                # the Gluon kernel on 16-bit inputs: packed, vLLM's v view, persistent
+                dict(fp8=False, config=tk.GLUON_BF16_CONFIG, split=True),
+                dict(fp8=False, config=tk.GLUON_BF16_CONFIG, layout="vllm"),
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, persistent=True))]
     else:
         runs = []
         for fp8 in (True, False):
@@ -286,7 +291,7 @@ def arch_specs(arch: str, batch=BATCH) -> list[Spec]:
     heads = [dict(rotate=False)] + [dict(rotate=True, rotation=r) for r in tq.ROTATIONS]
     launches += [call for run in heads for call in record_heads(arch, batch=batch, **run)]
     for fn, args, kwargs in launches:
-        gluon = fn.__name__ == "mla_prefill_fp8_kernel"
+        gluon = fn.__name__ == "mla_prefill_gluon_kernel"
         spec = spec_of(arch, fn, args, kwargs, _name(fn, kwargs), ga.TOTAL_WARPS if gluon else None)
         specs.setdefault(spec.key(), spec)
     return list(specs.values())

@@ -82,7 +82,7 @@ def test_every_kernel_is_covered():
         called = any(re.search(rf"\b{re.escape(name)}\b", src) for other, src in sources.items()
                      if other != name)
         assert called or name in launched, f"{name} is a kernel no recorded launch compiles"
-    assert {"mla_prefill_kernel", "mla_prefill_fp8_kernel", "_quant_qkv_kernel",
+    assert {"mla_prefill_kernel", "mla_prefill_gluon_kernel", "_quant_qkv_kernel",
             "_reduce_kernel", "_head_bound_kernel", "_head_cast_kernel"} <= launched
 
 

@@ -29,9 +29,9 @@ CASES = LENGTH_CASES
 @pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent"])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
-    Gluon fp8 kernel for every batch (its length thresholds at 0, so short test batches reach
-    it too), one CTA per unit in plan order and with each head's slices taken last to first,
-    and persistent for batches of several sequences (its default there)."""
+    Gluon kernel, fp8 and 16-bit, for every batch (its length thresholds at 0, so short test
+    batches reach it too), one CTA per unit in plan order and with each head's slices taken
+    last to first, and persistent for batches of several sequences (its default there)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
@@ -40,14 +40,18 @@ def phase1(request, monkeypatch, device):
         reasons = tk.gluon_reasons(torch.device(device))
         if reasons:
             pytest.skip("; ".join(reasons))
-        monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", 0)
-        monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS",
-                            0 if request.param == "gluon-persistent" else float("inf"))
+        persistent = 0 if request.param == "gluon-persistent" else float("inf")
+        for one, several in (("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS"),
+                             ("GLUON_BF16_MIN_MEAN_KEYS", "GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS")):
+            monkeypatch.setattr(tk, one, 0)
+            monkeypatch.setattr(tk, several, persistent)
         if request.param == "gluon-longest-first":
-            monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", replace(tk.GLUON_FP8_CONFIG, longest_first=True))
+            for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
+                monkeypatch.setattr(tk, name, replace(getattr(tk, name), longest_first=True))
     else:
-        monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", float("inf"))
-        monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS", float("inf"))
+        for name in ("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS",
+                     "GLUON_BF16_MIN_MEAN_KEYS", "GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS"):
+            monkeypatch.setattr(tk, name, float("inf"))
     return request.param
 
 
@@ -512,8 +516,9 @@ def test_torch_kernel_on_cuda(fp8, device):
     check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("group", [1, 3, 8])
-def test_gluon_persistent_grouped_order(group, phase1, monkeypatch, device):
+def test_gluon_persistent_grouped_order(group, fp8, phase1, monkeypatch, device):
     """The persistent Gluon kernel over heads in L2 groups of `group` (the last one partial
     at 3 of 8 heads): every unit exactly once, against float64."""
     from dataclasses import replace
@@ -522,10 +527,11 @@ def test_gluon_persistent_grouped_order(group, phase1, monkeypatch, device):
 
     if phase1 != "gluon":
         pytest.skip("one run: the persistent configuration is set here")
-    monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", replace(tk.GLUON_FP8_CONFIG, persistent=True))
-    monkeypatch.setattr(tk, "_gluon_order", lambda config, plan, heads_pc, device: group)
+    for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
+        monkeypatch.setattr(tk, name, replace(getattr(tk, name), persistent=True))
+    monkeypatch.setattr(tk, "_gluon_order", lambda config, plan, heads_pc, device, kv_bytes=1: group)
     lens_q, lens_k = [300, 1, 700], [300, 129, 900]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 8, device=device)
     ref_out, ref_lse = reference_on_device(q, k, v, cq, ck, causal=True)
-    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=True)
-    check(out, lse, ref_out, ref_lse, FP8_TOL)
+    out, lse = run_triton(q, k, v, cq, ck, causal=True, fp8=fp8)
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL)

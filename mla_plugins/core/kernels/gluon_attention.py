@@ -1,19 +1,25 @@
-"""Phase 1 of the fp8 prefill on Hopper, in Gluon: FA3's schedule, the Triton kernel's contract.
+"""Phase 1 of the prefill on Hopper, in Gluon: FA3's schedule, the Triton kernel's contract.
 
-Same inputs and outputs as `triton_attention.mla_prefill_kernel` on its fp8 path: the plan's
-work items, q, k and transposed v in block-scaled fp8 with their scales from
-`triton_quant.quantize_qkv` (one q scale per 64-row block, read at the block's first row), lse for
-every row, bottom-right causal masking, partial rows for split tiles, the 192 = 128 + 64
-split of the query/key head as two products into the same scores.
+Same inputs and outputs as `triton_attention.mla_prefill_kernel`: the plan's work items, lse
+for every row, bottom-right causal masking, partial rows for split tiles, the 192 = 128 + 64
+split of the query/key head as two products into the same scores. Two modes (`FP8`):
+- fp8: q, k and transposed v in block-scaled fp8 with their scales from
+  `triton_quant.quantize_qkv` (one q scale per 64-row block, read at the block's first row);
+- 16-bit (bf16/fp16, `FP8` False): the caller's q, k and v as they are (k and v through TMA
+  descriptors on their own strides, vLLM's v view included), no scales; v is the B operand
+  of P @ V in its natural [keys, Dv] layout (wgmma reads 16-bit B transposed), P the A
+  operand straight from the scores' registers (for 16-bit types the accumulator layout is
+  the A operand's: FA3's "MmaPV_is_RS"). Two stages of 80 KB fit beside the 48 KB of q
+  (FA3's bf16 configuration for head dim 192: 128 x 128 tiles, two stages).
 
 One CTA computes one `BLOCK_M` = 128-row slice of one work item for one head, in three
 warp-specialized partitions (`gl.warp_specialize`):
-- a producer warp issues the TMA loads of each 128-key block (k nope, k rope, v transposed;
-  one k and one v scale block of core/fp8.py) into a ring of `NUM_STAGES` shared-memory
-  stages, one `ready` mbarrier per stage;
+- a producer warp issues the TMA loads of each `BLOCK_N`-key block (k nope, k rope, v; in
+  fp8 v transposed and the block one k and one v scale block of core/fp8.py) into a ring of
+  `NUM_STAGES` shared-memory stages, one `ready` mbarrier per stage;
 - two consumer warpgroups, one per 64-row q block (the block of core/fp8.py's scaling rule),
   read every stage; each releases it (`empty`, two arrivals) once its P @ V is done. A
-  consumer loads its fp8 q block into shared memory (the wgmma A operand) and overlaps the
+  consumer loads its q block into shared memory (the wgmma A operand) and overlaps the
   softmax of key block j with the P @ V product of block j - 1 (async wgmma: FA3's
   intra-warpgroup pipelining). The two warpgroups synchronize with nothing but the stages;
   `PINGPONG` makes them take turns issuing their products (FA3's inter-warpgroup schedule),
@@ -27,10 +33,19 @@ the long shapes; the grouped order wins on batches of several sequences (+5-18%)
 within -5..+2% on one (benchmarks/NOTES.md), so `batch_config` takes it for the former.
 
 Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
-64K registers: 240 per consumer thread, 24 per producer thread.
+64K registers: 240 per consumer thread, 24 per producer thread. In 16-bit mode P's operand
+takes 32 registers a thread (fp8: 16), so 128-key steps spill there (the next block's
+scores, P in float32 and its operand are live together): `GLUON_BF16_CONFIG` steps 64 keys.
 
 Both warpgroups consume every stage in the same order: a key block past one group's
 diagonal (the second group's rows reach 64 keys further) is computed masked to nothing.
+
+Isolation (one sequence's values never reach another's result): TMA reads whole 128-key
+blocks, so a unit's last block can hold the next sequence's keys (or the next split piece's).
+Their scores are masked to -inf, so P is 0 there, but 0 times an inf or NaN value row is NaN.
+The fp8 path's v never holds one (the quantization stores non-finite values as 0); in 16-bit
+mode each consumer zeroes the rows of such a block past the unit's keys in shared memory
+before its P @ V reads them (`_zero_tail`).
 """
 
 from __future__ import annotations
@@ -79,6 +94,38 @@ if gluon is not None:
     def _p_operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, BLOCK_N: gl.constexpr):
         """P (float32, the scores' layout) as the fp8 A operand of P @ V, in vt8's key order."""
         return gl.convert_layout(_in_v_order(p.to(KV_DTYPE), BLOCK_N), p_layout)
+
+    @gluon.jit
+    def _pv(p, v_buf, acc, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            FP8: gl.constexpr):
+        """Issue acc += P @ V (async) for one key block: fp8, P (float32) cast into vt8's key
+        order against the transposed v stage [Dv, keys]; 16-bit, P (the A operand already,
+        `_operand`) against the v stage [keys, Dv]."""
+        if FP8:
+            return warpgroup_mma(_p_operand(p, KV_DTYPE, p_layout, BLOCK_N),
+                                 v_buf.permute((1, 0)), acc, is_async=True)
+        else:
+            return warpgroup_mma(p, v_buf, acc, is_async=True)
+
+    @gluon.jit
+    def _operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+        """P as `_pv` takes it: fp8, float32 still (cast at the product, into the operand's
+        registers); 16-bit, the A operand."""
+        if FP8:
+            return p
+        else:
+            return gl.convert_layout(p.to(KV_DTYPE), p_layout)
+
+    @gluon.jit
+    def _zero_tail(v_buf, valid, BLOCK_N: gl.constexpr):
+        """Rows >= `valid` of a 16-bit v stage [BLOCK_N, Dv] set to 0 in shared memory
+        (module doc: isolation). Both consumer warpgroups run it on the same stage; rows below
+        `valid` are written back unchanged, so neither sees a value the other changes."""
+        zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        v = v_buf.load(zl)
+        keep = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, zl)) < valid
+        v_buf.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
+        fence_async_shared()
 
     @gluon.jit
     def _softmax_block(s, m_i, l_i, scale, start, rows, kv_end, kv_offset, causal,
@@ -177,8 +224,10 @@ if gluon is not None:
                       sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
                       qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
-                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                      FP8: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
+        FP8: q, k, v block-scaled fp8 (the block scales applied per key block); else 16-bit.
 
         PINGPONG: the two warpgroups take turns issuing their products (FA3's schedule),
         one `turn` mbarrier each: a group waits for its turn, issues S = q k^T (and the
@@ -187,20 +236,24 @@ if gluon is not None:
         stages, tend to run in lockstep: softmax against softmax, products against products.
         Turns are counted over key blocks (the ring position `it`), the same for both groups.
         """
+        # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
+        K_INSTR: gl.constexpr = 32 if FP8 else 16
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, K_INSTR])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_G, 32])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV_G, K_INSTR])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=K_INSTR // 8)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
 
-        # q block: load fp8 (triton_quant.quantize_qkv's q8), park in shared memory (wgmma A
-        # operand; the previous unit's products that read it have completed), and its scale,
-        # at the block's first row (a block past the slice's last row: 1, as an all-zero one)
+        # q block: load it (fp8: triton_quant.quantize_qkv's q8; else the caller's q), park in
+        # shared memory (wgmma A operand; the previous unit's products that read it have
+        # completed), and in fp8 its scale, at the block's first row (a block past the slice's
+        # last row: 1, as an all-zero one)
         r0 = m0 + WG * HALF_G
         rows_l = r0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(1, ld))
         q_ok = (rows_l < qo_end)[:, None]
@@ -209,11 +262,14 @@ if gluon is not None:
                      other=0.0)
         qr = gl.load(q_ptr + NOPE_G + gl.arange(0, ROPE_G, layout=gl.SliceLayout(0, ld))[None, :],
                      mask=q_ok, other=0.0)
-        s_q = gl.load(QScales + r0.to(gl.int64) * sqs_t + head, mask=r0 < qo_end, other=1.0)
         q_n_smem.store(qn)
         q_r_smem.store(qr)
         fence_async_shared()
-        scale = qk_scale * s_q
+        if FP8:
+            s_q = gl.load(QScales + r0.to(gl.int64) * sqs_t + head, mask=r0 < qo_end, other=1.0)
+            scale = qk_scale * s_q
+        else:
+            scale = qk_scale
 
         rows = r0 + gl.arange(0, HALF_G, layout=row_s)
         if causal != 0:
@@ -230,7 +286,9 @@ if gluon is not None:
         # q k^T: carried in float32 and cast to fp8 just before (the cast's F2FP writes the
         # operand registers). Carried as fp8, Triton holds it a byte per register and repacks
         # it before every P @ V: ~180 more instructions per block, 11-14% slower on the H200
-        # (benchmarks/NOTES.md, stop 27)
+        # (benchmarks/NOTES.md, stop 27). 16-bit: cast before the next block's q k^T is issued
+        # (`_operand`): the operand's 32 registers a thread beside the float32 P and the
+        # in-flight scores' 64 spill at 240 registers
         p = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
         c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
 
@@ -245,24 +303,34 @@ if gluon is not None:
             s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
-            s_k = gl.load(SBase)
-            c_v = gl.load(SBase + ss_w)
+            if FP8:
+                s_k = gl.load(SBase)
+                c_v = gl.load(SBase + ss_w)
+                blk_scale = scale * s_k
+            else:
+                blk_scale = scale
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start, rows, kv_end,
+            p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start, rows, kv_end,
                                                 kv_offset, causal, n_full == 0, P_SHIFT, col_s,
                                                 BLOCK_N)
 
         # each block's two scales are loaded one step ahead (their latency off the critical path)
         SSTEP: gl.constexpr = BLOCK_N // 16
-        s_k_next = gl.load(SBase + SSTEP, mask=n_total > 1, other=1.0)
-        s_v_next = gl.load(SBase + ss_w + SSTEP, mask=n_total > 1, other=1.0)
+        if FP8:
+            s_k_next = gl.load(SBase + SSTEP, mask=n_total > 1, other=1.0)
+            s_v_next = gl.load(SBase + ss_w + SSTEP, mask=n_total > 1, other=1.0)
         for j in range(1, n_total):
-            s_k = s_k_next
-            s_v = s_v_next
-            s_k_next = gl.load(SBase + (j + 1) * SSTEP, mask=j + 1 < n_total, other=1.0)
-            s_v_next = gl.load(SBase + ss_w + (j + 1) * SSTEP, mask=j + 1 < n_total, other=1.0)
+            if FP8:
+                s_k = s_k_next
+                s_v = s_v_next
+                s_k_next = gl.load(SBase + (j + 1) * SSTEP, mask=j + 1 < n_total, other=1.0)
+                s_v_next = gl.load(SBase + ss_w + (j + 1) * SSTEP, mask=j + 1 < n_total, other=1.0)
+                blk_scale = scale * s_k
+            else:
+                blk_scale = scale
             it = it0 + j
             st = it % NUM_STAGES
+            p_op = _operand(p, KV_DTYPE, p_layout, FP8)
             mbarrier.wait(ready.index(st), (it // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turn.index(WG), (it + 1 - WG) & 1)
@@ -270,24 +338,31 @@ if gluon is not None:
                                   use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
             prev = (it - 1) % NUM_STAGES
-            p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
-            o_tok = warpgroup_mma(p8, vt_bufs.index(prev).permute((1, 0)), acc, is_async=True)
+            o_tok = _pv(p_op, vt_bufs.index(prev), acc, KV_DTYPE, p_layout, BLOCK_N, FP8)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
-            p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, scale * s_k, kv_start + j * BLOCK_N,
+            p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start + j * BLOCK_N,
                                                 rows, kv_end, kv_offset, causal, j >= n_full,
                                                 P_SHIFT, col_s, BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(prev), count=1)
-            # acc is kept in units of the last block's v scale (triton_attention's rule)
-            acc = acc * gl.convert_layout(alpha * (c_v / s_v), row_o)[:, None]
-            c_v = s_v
+            if FP8:
+                # acc is kept in units of the last block's v scale (triton_attention's rule)
+                acc = acc * gl.convert_layout(alpha * (c_v / s_v), row_o)[:, None]
+                c_v = s_v
+            else:
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
 
         if n_total > 0:
             last = (it0 + n_total - 1) % NUM_STAGES
-            p8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
-            o_tok = warpgroup_mma(p8, vt_bufs.index(last).permute((1, 0)), acc, is_async=True)
+            if not FP8:
+                # the last block may reach past the unit's keys (module doc: isolation)
+                tail = kv_end - (kv_start + (n_total - 1) * BLOCK_N)
+                if tail < BLOCK_N:
+                    _zero_tail(vt_bufs.index(last), tail, BLOCK_N)
+            o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc, KV_DTYPE,
+                        p_layout, BLOCK_N, FP8)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(last), count=1)
 
@@ -319,7 +394,7 @@ if gluon is not None:
                   spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr):
+                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         for k in range(_rounds(num_units, PERSISTENT)):
             w = _unit_index(k, num_units, PERSISTENT)
@@ -331,14 +406,17 @@ if gluon is not None:
                               Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
-                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG)
+                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8)
             it += n_total
 
     @gluon.jit
     def _producer(KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
-                  vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  PERSISTENT: gl.constexpr):
+                  vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order, kh_stride,
+                  vh_stride, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr):
+        """Fills the ring: per key block, k nope, k rope and v (fp8: packed k8 and vt8 from
+        the quantization; 16-bit: the caller's k and v, head h's features at column
+        h * kh_stride and h * vh_stride of their 2D [T, span] descriptors)."""
         nbytes: gl.constexpr = (KN.block_type.nbytes + KR.block_type.nbytes
                                 + VT.block_type.nbytes)
         it = 0
@@ -353,25 +431,33 @@ if gluon is not None:
                 mbarrier.wait(empty.index(st), ((it // NUM_STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(st), nbytes)
                 row = kv_start + j * BLOCK_N
-                col = head * (NOPE_G + ROPE_G)
+                if FP8:
+                    col = head * (NOPE_G + ROPE_G)
+                else:
+                    col = head * kh_stride
                 tma.async_copy_global_to_shared(KN, [row, col], ready.index(st), kn_bufs.index(st))
                 tma.async_copy_global_to_shared(KR, [row, col + NOPE_G], ready.index(st),
                                                 kr_bufs.index(st))
-                tma.async_copy_global_to_shared(VT, [head * DV_G, vcol0 + j * BLOCK_N],
-                                                ready.index(st), vt_bufs.index(st))
+                if FP8:
+                    tma.async_copy_global_to_shared(VT, [head * DV_G, vcol0 + j * BLOCK_N],
+                                                    ready.index(st), vt_bufs.index(st))
+                else:
+                    tma.async_copy_global_to_shared(VT, [row, head * vh_stride], ready.index(st),
+                                                    vt_bufs.index(st))
                 it += 1
 
     @gluon.jit(do_not_specialize=["ss_w", "sl_t", "sl_h", "spl_t", "spl_h", "num_units",
                                   "num_tiles", "num_sub", "heads_pc", "causal", "has_lse",
-                                  "order"])
-    def mla_prefill_fp8_kernel(
+                                  "order", "kh_stride", "vh_stride"])
+    def mla_prefill_gluon_kernel(
         Q, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
         sq_t, sq_h, vt_stride, ss_w, sqs_t, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
-        qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse, order,
+        qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse, order, kh_stride,
+        vh_stride,
         KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
-        PERSISTENT: gl.constexpr,
+        PERSISTENT: gl.constexpr, FP8: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -379,21 +465,28 @@ if gluon is not None:
         consumer). `order`: one CTA per unit, 0 takes each head's slices in plan order and 1
         last to first; PERSISTENT, the heads per L2 group (`_unit`), at least 1.
 
-        Q: q8 [Tq, H, 192] fp8 (strides sq_t, sq_h), QScales: its scales [Tq, H] (row stride
-        sqs_t), both from `triton_quant.quantize_qkv`.
-        Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128 and BLOCK_N = 128, tiles
-        start at multiples of 64 rows and work items at multiples of 128 keys from their
+        FP8: Q is q8 [Tq, H, 192] fp8 (strides sq_t, sq_h), QScales its scales [Tq, H] (row
+        stride sqs_t), KN/KR descriptors of k8 [Tk, H * 192], VT of vt8 [H * 128, columns],
+        Scales the k/v block scales, all from `triton_quant.quantize_qkv`.
+        16-bit (FP8 False): Q the caller's q [Tq, H, 192], KN/KR descriptors of its k as
+        [Tk, span] (head h at column h * kh_stride), VT of its v as [Tk, span] (head h at
+        column h * vh_stride); Scales and QScales unused.
+        Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128 and BLOCK_N = 128; in fp8,
+        tiles start at multiples of 64 rows and work items at multiples of 128 keys from their
         sequence's start, v columns of a sequence start 16-aligned (triton_quant).
         """
         gl.static_assert(BLOCK_M == 2 * HALF_G)
-        gl.static_assert(BLOCK_N == 128)
+        gl.static_assert(BLOCK_N == 128 or not FP8)  # fp8: one k/v scale block a step
         qn_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_G, NOPE_G], KV_DTYPE)
         qr_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_G, ROPE_G], KV_DTYPE)
         q_n = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, NOPE_G], qn_layout)
         q_r = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, ROPE_G], qr_layout)
         kn_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_G], KN.layout)
         kr_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, ROPE_G], KR.layout)
-        vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, DV_G, BLOCK_N], VT.layout)
+        if FP8:  # v transposed, [Dv, keys] (the K-major B operand fp8 wgmma needs)
+            vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, DV_G, BLOCK_N], VT.layout)
+        else:  # v as it is, [keys, Dv]
+            vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, DV_G], VT.layout)
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -408,13 +501,15 @@ if gluon is not None:
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
-                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
+                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
+                         FP8)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
-                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT)),
+                         KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
+                         FP8)),
             (_producer, (KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
                          vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
-                         BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT)),
+                         kh_stride, vh_stride, BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT, FP8)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -66,8 +66,9 @@ class TileConfig:
     block_m: query rows a program computes (the plan's tile_q is a multiple of it);
     block_n: keys per step of the online softmax; use_tma: k/v through tensor
     descriptors (sm_90+); warp_spec: Triton's automatic warp specialization of the key loop;
-    gluon: the fp8 phase 1 in Gluon (`gluon_attention`, Hopper only: wgmma, TMA,
-    warp-specialized), which fixes block_m 128 and block_n 128; num_stages is its ring depth,
+    gluon: phase 1 in Gluon (`gluon_attention`, Hopper only: wgmma, TMA, warp-specialized),
+    which fixes block_m 128, and block_n 128 in fp8 (one k/v scale block a step), 64 or 128 in
+    16-bit; num_stages is its ring depth,
     pingpong its two consumer warpgroups taking turns on the tensor cores, persistent one
     CTA per SM looping over the work (heads in L2-sized groups, longest first; else one CTA
     per unit), longest_first the one-CTA-per-unit grid taking each head's slices last to
@@ -92,10 +93,13 @@ FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: Hopper fp8 (sm_90): the Gluon kernel
 GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True)
+#: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v; two 80 KB stages beside q's
+#: 48 KB fill the 227 KB of shared memory (FA3's bf16 tiles for head dim 192)
+GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=4, gluon=True)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
-    """Why the Gluon fp8 kernel cannot run on `device` (empty: it can)."""
+    """Why the Gluon kernel (fp8 or 16-bit) cannot run on `device` (empty: it can)."""
     from ..settings import gluon_enabled
 
     if not gluon_enabled():
@@ -122,6 +126,9 @@ def gluon_reasons(device: torch.device) -> list[str]:
 GLUON_MIN_MEAN_KEYS = 3072
 #: the same for batches of several sequences, which take the persistent Gluon kernel
 GLUON_PERSISTENT_MIN_MEAN_KEYS = 1024
+#: the same two for 16-bit inputs (GLUON_BF16_CONFIG), infinite: off until measured
+GLUON_BF16_MIN_MEAN_KEYS = float("inf")
+GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS = float("inf")
 
 
 def mean_keys_per_slice(cu_q, cu_k, causal: bool, rows: int = 128) -> float:
@@ -152,15 +159,20 @@ def default_config(device: torch.device, fp8: bool) -> TileConfig:
 
 
 def batch_config(device: torch.device, fp8: bool, cu_q, cu_k, causal: bool) -> TileConfig:
-    """The phase-1 configuration for one batch: the Gluon kernel for fp8 on Hopper where the
-    batch's slices are long (one CTA per unit for one sequence, GLUON_MIN_MEAN_KEYS;
-    persistent for several, GLUON_PERSISTENT_MIN_MEAN_KEYS), else `default_config`."""
-    if fp8 and device_kind(device) == "cuda" and not gluon_reasons(device):
+    """The phase-1 configuration for one batch: the Gluon kernel on Hopper where the batch's
+    slices are long (one CTA per unit for one sequence, GLUON_MIN_MEAN_KEYS; persistent for
+    several, GLUON_PERSISTENT_MIN_MEAN_KEYS; GLUON_BF16_* in 16-bit), else `default_config`."""
+    if device_kind(device) == "cuda" and not gluon_reasons(device):
         keys = mean_keys_per_slice(cu_q, cu_k, causal)
-        if len(cu_q) > 2 and keys >= GLUON_PERSISTENT_MIN_MEAN_KEYS:
-            return replace(GLUON_FP8_CONFIG, persistent=True)
-        if keys >= GLUON_MIN_MEAN_KEYS:
-            return GLUON_FP8_CONFIG
+        if fp8:
+            config, one, several = GLUON_FP8_CONFIG, GLUON_MIN_MEAN_KEYS, GLUON_PERSISTENT_MIN_MEAN_KEYS
+        else:
+            config, one = GLUON_BF16_CONFIG, GLUON_BF16_MIN_MEAN_KEYS
+            several = GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS
+        if len(cu_q) > 2 and keys >= several:
+            return replace(config, persistent=True)
+        if keys >= one:
+            return config
     return default_config(device, fp8)
 
 
@@ -269,8 +281,12 @@ def run_prefill(
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
     if config.gluon and not use_tma:
         # the Gluon kernel loads k/v only through TMA; the Triton kernel covers the rest
-        config = FP8_CONFIG
+        config = default_config(device, inputs.fp8)
     if config.gluon:
+        if not inputs.fp8:
+            import triton.language as tl
+
+            kv_dtype, vt_cols = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[q.dtype], 0
         _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q_src, q_scales,
                       k_src, v_src, scales, vt_cols, kv_dtype, p_shift)
         return
@@ -317,22 +333,27 @@ def run_prefill(
     )
 
 
-def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q8, q_scales, k8, vt8,
+def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q_scales, k, v,
                   scales, vt_cols, kv_dtype, p_shift) -> None:
-    """Phase 1 through `gluon_attention.mla_prefill_fp8_kernel` (q8, q_scales, k8, vt8:
-    quantize_qkv's)."""
+    """Phase 1 through `gluon_attention.mla_prefill_gluon_kernel`: fp8 on quantize_qkv's q8,
+    q_scales, k8 and vt8 (k, v), or 16-bit on the caller's q, k and v (`_tma_ok` layouts)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import gluon_attention as ga
     from . import triton_attention as ta
     from . import triton_quant as tq
 
-    heads, bn = inputs.num_heads, config.block_n
-    kn_l, kr_l, vt_l = _gluon_layouts(bn, kv_dtype)
-    total_k, q = k8.shape[0], q8
-    kd = TensorDescriptor(k8, [total_k, heads * 192], [k8.stride(0), 1], [bn, tq.NOPE], kn_l)
-    krd = TensorDescriptor(k8, [total_k, heads * 192], [k8.stride(0), 1], [bn, tq.ROPE], kr_l)
-    vd = TensorDescriptor(vt8, [heads * tq.DV, vt_cols], [vt8.stride(0), 1], [tq.DV, bn], vt_l)
+    heads, bn, fp8 = inputs.num_heads, config.block_n, inputs.fp8
+    kn_l, kr_l, vt_l = _gluon_layouts(bn, kv_dtype, fp8)
+    total_k = k.shape[0]
+    if fp8:
+        span, kh, vh = heads * 192, 0, 0
+        vd = TensorDescriptor(v, [heads * tq.DV, vt_cols], [v.stride(0), 1], [tq.DV, bn], vt_l)
+    else:
+        span, kh, vh = _tma_span(k), k.stride(1), v.stride(1)
+        vd = TensorDescriptor(v, [total_k, _tma_span(v)], [v.stride(0), 1], [bn, tq.DV], vt_l)
+    kd = TensorDescriptor(k, [total_k, span], [k.stride(0), 1], [bn, tq.NOPE], kn_l)
+    krd = TensorDescriptor(k, [total_k, span], [k.stride(0), 1], [bn, tq.ROPE], kr_l)
     num_sub = -(-plan.tile_q // config.block_m)
     num_tiles = plan.num_items * num_sub
     heads_pc = plan.num_heads // plan.num_clusters
@@ -341,38 +362,42 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q8, 
     grid = (max(1, min(num_units, default_num_workers(q.device))) if config.persistent
             else num_units,)
     lse_arg = lse if lse is not None else partial_lse
-    ga.mla_prefill_fp8_kernel[grid](
+    ga.mla_prefill_gluon_kernel[grid](
         q, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
-        q.stride(0), q.stride(1), vt8.stride(0), scales.stride(0), q_scales.stride(0),
+        q.stride(0), q.stride(1), v.stride(0) if fp8 else 0, scales.stride(0) if fp8 else 0,
+        q_scales.stride(0) if fp8 else 0,
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_units, num_tiles, num_sub, heads_pc, int(plan.causal),
-        int(lse is not None), _gluon_order(config, plan, heads_pc, q.device),
+        int(lse is not None), _gluon_order(config, plan, heads_pc, q.device, 1 if fp8 else 2),
+        kh, vh,
         KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        num_warps=ga.NUM_WARPS,
-        maxnreg=ga.MAXNREG,
+        FP8=fp8, num_warps=ga.NUM_WARPS, maxnreg=ga.MAXNREG,
     )
 
 
-def _gluon_order(config: TileConfig, plan: PrefillPlan, heads_pc: int, device) -> int:
+def _gluon_order(config: TileConfig, plan: PrefillPlan, heads_pc: int, device,
+                 kv_bytes: int = 1) -> int:
     """The Gluon kernel's `order` argument: one CTA per unit, longest_first (0 or 1);
-    persistent, the heads whose fp8 k/v (192 + 128 bytes per key) fit in half the L2."""
+    persistent, the heads whose k/v ((192 + 128) * kv_bytes bytes per key: 1 in fp8, 2 in
+    16-bit) fit in half the L2."""
     if not config.persistent:
         return int(config.longest_first)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
-    per_head = max(1, plan.total_k * (192 + 128))
+    per_head = max(1, plan.total_k * (192 + 128) * kv_bytes)
     return max(1, min(heads_pc, (l2 or 50 << 20) // 2 // per_head))
 
 
 @functools.cache
-def _gluon_layouts(bn: int, kv_dtype):
+def _gluon_layouts(bn: int, kv_dtype, fp8: bool = True):
+    """Shared-memory layouts of the k nope, k rope and v stages (fp8: v transposed)."""
     from triton.experimental.gluon import language as gl
 
     return (gl.NVMMASharedLayout.get_default_for([bn, 128], kv_dtype),
             gl.NVMMASharedLayout.get_default_for([bn, 64], kv_dtype),
-            gl.NVMMASharedLayout.get_default_for([128, bn], kv_dtype))
+            gl.NVMMASharedLayout.get_default_for([128, bn] if fp8 else [bn, 128], kv_dtype))
 
 
 def check_fp8_plan(plan: PrefillPlan, config: TileConfig) -> None:
@@ -679,4 +704,4 @@ class _on_device:
         return False
 
 
-__all__ = ["BF16_CONFIG", "FP8_CONFIG", "GLUON_FP8_CONFIG", "TileConfig", "TritonKernel", "run_prefill", "split_workers"]
+__all__ = ["BF16_CONFIG", "FP8_CONFIG", "GLUON_BF16_CONFIG", "GLUON_FP8_CONFIG", "TileConfig", "TritonKernel", "run_prefill", "split_workers"]
