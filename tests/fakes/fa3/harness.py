@@ -115,8 +115,11 @@ def check(out, lse, ref_out, ref_lse, tol, what=""):
 
 #: arguments where mla-plugins and vLLM's own FA3 call may differ without changing the result:
 #: is_rotary_interleaved (no rotary tensors are passed: unread), num_splits (vLLM passes 0,
-#: FA3's split heuristic; the provider 1, no split: the same attention, one kernel, no combine)
-VLLM_CALL_MAY_DIFFER = {"is_rotary_interleaved", "num_splits"}
+#: FA3's split heuristic; the provider 1 where a plan asks for batch invariance: the same
+#: attention, one kernel, no combine), scheduler_metadata (the provider's, made by
+#: get_scheduler_metadata from the call's own arguments, which the fake forward checks; vLLM's
+#: flash_attn_varlen_func passes None unless given one: FA3 then makes the same schedule itself)
+VLLM_CALL_MAY_DIFFER = {"is_rotary_interleaved", "num_splits", "scheduler_metadata"}
 
 
 def compare_with_vllm_call(flash_attn_varlen_func, *, fp8: bool, seed: int) -> None:

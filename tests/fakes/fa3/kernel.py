@@ -33,10 +33,33 @@ What it computes, as the real kernel does (in float64 here, one sequence at a ti
   returns them unsplit; in a `Tensor[]` return (vLLM) they are empty tensors instead (a list
   cannot carry None through the dispatcher).
 
+Scheduler metadata (`get_scheduler_metadata`, `scheduler_metadata`), from
+flash-attention-HEAD/flash_api.cpp `mha_fwd_get_scheduler_metadata` 522-662 and `mha_fwd`
+987-1025 / 1186-1189, and vLLM's fork (vllm-flash-attention 617264c1 hopper/flash_api.cpp 584-725
+and 1053-1113):
+- the metadata op applies the real checks (qkv dtype, heads dividing) and returns an int32
+  tensor of the real size on seqused_k's device: FA3 (and fa3-fwd, sgl_kernel) 1 + b4 * (2 +
+  [not local] + [causal or local]) with b4 the batch rounded up to 4; vLLM's fork 1 + b4 * (1 +
+  [dynamic split: batch <= 992 and more than one split] + [causal or local]);
+- the forward, given one, applies the real checks in the real order and messages: on q's
+  device ("scheduler_metadata must be on CUDA"), `CHECK_SHAPE(scheduler_metadata,
+  metadata_size)` with the size its own arguments give, contiguous, int32;
+- the size depends on the split count where FA3's heuristic picks it (num_splits 0): this
+  fake computes FA3's `get_num_splits` (hopper/heuristics.h `num_splits_heuristic`, tile
+  sizes from hopper/tile_size.h `tile_size_fwd_sm90`) for an H200's 132 SMs;
+- what the real forward does not check and the fake does: the real kernel schedules the call's
+  tiles by whatever the metadata holds (tiles, splits and batch order per sequence), so a
+  metadata made for other arguments (another head count or dtype, other sequence lengths, or
+  a batch size that rounds to the same size) gives wrong or missing rows without an error.
+  The fake remembers what each metadata tensor was made for and raises where any argument
+  of the forward call differs from it (a tensor it did not make is refused too).
+Each metadata call is recorded in `METADATA_CALLS[namespace]`, as the forward's are.
+
 What the real kernel adds and this body does not model: it runs on Hopper GPUs only
 (`CHECK_DEVICE`: "q must be on CUDA", sm_90 for fp8 and for different V head dims); tile
-scheduling (128-row query tiles, the persistent/LPT scheduler, `scheduler_metadata`, split-KV
-with its combine kernel, PackGQA); float32 accumulation, and in fp8 the e4m3 rounding of P
+scheduling (128-row query tiles, the persistent/LPT scheduler, the metadata's contents and
+the tile semaphore the forward zeroes after each call, split-KV with its combine kernel,
+PackGQA); float32 accumulation, and in fp8 the e4m3 rounding of P
 before the PV product (with the exp scaled by 2^8, `Max_offset`); the causal special case for
 max_seqlen_q == 1 (same result); paged KV, appended KV (`k_new`), rotary, `q_v`, `seqused_*`,
 `leftpad_k`, `s_aux` / `sinks`, context parallelism: those raise NotImplementedError here so a
@@ -50,14 +73,23 @@ filled in) so a test can compare what two callers passed.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 #: namespace -> every call's argument list (schema order, defaults filled in)
 CALLS: dict[str, list[list]] = {}
-#: namespace -> the live torch.library.Library of a fake build
-_LIBS: dict[str, tuple[torch.library.Library, str]] = {}
+#: namespace -> every get_scheduler_metadata call's argument list (the same way)
+METADATA_CALLS: dict[str, list[list]] = {}
+#: namespace -> the live torch.library.Library of a fake build, and its two schemas
+_LIBS: dict[str, tuple[torch.library.Library, tuple]] = {}
+#: id(metadata tensor) -> (a weak reference to it, the namespace that made it, what for)
+_MADE: dict[int, tuple] = {}
+#: the SM count the fakes schedule for (H100 SXM and H200)
+NUM_SM = 132
+#: flash_api.cpp 42
+PREPARE_VARLEN_MAX_BATCHES_1CTA = 992
 
 
 @dataclass
@@ -75,6 +107,11 @@ class Build:
     #: (kBlockM, kBlockN) of the forward's tiles, for what they read past a sequence's end
     #: (`_tile_reads`); None: no such reads
     tile: tuple[int, int] | None = (128, 128)
+    #: the build's `get_scheduler_metadata` schema (None: the build registers no such op)
+    metadata_schema: str | None = None
+    #: how its scheduler metadata is laid out: "fa3" (FA3 since 2025-08, fa3-fwd, sgl_kernel)
+    #: or "vllm" (vLLM's fork: no batch sort, a split vector only where it splits)
+    metadata_layout: str = "fa3"
 
 
 def _flag(flags: dict, name: str) -> bool:
@@ -110,8 +147,190 @@ def _max_headdim(flags: dict) -> int:
 
 NOT_MODELLED = ("k_new", "v_new", "q_v", "qv", "cu_seqlens_k_new", "seqused_q", "seqused_k",
                 "page_table", "kv_batch_idx", "leftpad_k", "rotary_cos", "rotary_sin",
-                "seqlens_rotary", "scheduler_metadata", "s_aux", "sinks", "sparse_mask_fine",
-                "cp_tot_seqused_k")
+                "seqlens_rotary", "s_aux", "sinks", "sparse_mask_fine", "cp_tot_seqused_k")
+
+
+def _int_ptr(x: torch.Tensor) -> None:
+    # at::Tensor::data_ptr<int>() on another dtype (c10's check in TensorMethods.cpp)
+    if x.dtype != torch.int32:
+        names = {torch.int64: "Long", torch.float32: "Float", torch.int16: "Short"}
+        raise RuntimeError(f"expected scalar type Int but found {names.get(x.dtype, str(x.dtype))}")
+
+
+# -- scheduling: what decides the metadata's size (flash_api.cpp, tile_size.h, heuristics.h) --
+
+
+def _round_up_headdim(d: int) -> int:
+    """round_up_headdim (flash_api.cpp 491-508), no head dim compiled out."""
+    return next((r for r in (64, 96, 128, 192, 256) if d <= r), 256)
+
+
+def _round_up_headdimv(d: int) -> int:
+    """round_up_headdimv (flash_api.cpp 510-517)."""
+    return next((r for r in (64, 96, 128, 192, 256) if d <= r), 512)
+
+
+def _tile_size_sm90(d: int, dv: int, causal: bool, local: bool, element_size: int,
+                    softcap: bool) -> tuple[int, int]:
+    """(kBlockM, kBlockN) of tile_size_fwd_sm90 (tile_size.h 10-57), without paged KV."""
+    if element_size == 2:
+        if d <= 64:
+            if dv == 512:
+                return 64, 64
+            if dv == 256:
+                return 128, 96
+            return 192, 128 if causal or local else 192
+        if d <= 96:
+            return 192, 128 if local else 144
+        if d <= 128:
+            return 128, 128 if causal or local else 176
+        if d <= 192:
+            return 128, 96 if local else (128 if dv <= 128 else 112)
+        return 128, 64 if local else 80
+    if d <= 64:
+        return 192, 160
+    if d <= 96:
+        return 192, 128
+    if d <= 128:
+        return 128, 192 if softcap and local else 224
+    if d <= 192:
+        return 128, 128 if softcap and local else 160
+    return 128, 64 if local else 128
+
+
+def _num_splits_heuristic(total_mblocks, num_sms, num_n_blocks, num_m_blocks, size_one_kv_head,
+                          causal_or_local, max_splits) -> int:
+    """num_splits_heuristic (heuristics.h 25-59), line for line."""
+    if total_mblocks >= 0.8 * num_sms:
+        size_l2 = 50 * 1024 * 1024
+        if size_one_kv_head > size_l2 and num_m_blocks >= num_sms * 2 and not causal_or_local:
+            return min((size_one_kv_head + size_l2 - 1) // size_l2, max_splits)
+        return 1
+    if num_n_blocks <= 4:
+        return 1
+    max_splits = min(max_splits, num_sms, num_n_blocks)
+    efficiency = []
+    for n in range(1, max_splits + 1):
+        waves = total_mblocks * n / num_sms
+        efficiency.append(waves / math.ceil(waves))
+    best = max(efficiency, default=0.0)
+    return next((n for n, eff in enumerate(efficiency, 1) if eff >= 0.85 * best), 1)
+
+
+def _causal_local(max_q: int, max_k: int, head_size: int, left: int, right: int, chunk: int,
+                  is_causal: bool) -> tuple[bool, bool, int, int]:
+    """(is_causal, is_local, left, right) as both mha_fwd (795-805 and set_params_fprop) and
+    the metadata op (566-584) derive them, without paged KV."""
+    if left >= max_k - 1:
+        left = -1
+    if right >= max_q - 1:
+        right = -1
+    if max_q == 1 and left == -1 and right == -1 and chunk == 0:
+        is_causal = False  # head dims outside (64, 128] or no page table: always here
+    if is_causal:
+        right = 0
+    causal = left < 0 and right == 0 and chunk == 0
+    local = (left >= 0 or right >= 0 or chunk >= 1) and not causal
+    return causal, local, left, right
+
+
+def _metadata_size(build: Build, *, batch, max_q, max_k, heads, heads_k, d, dv, e4m3, left,
+                   right, chunk, is_causal, softcap, num_splits, sm_margin) -> int:
+    """The scheduler metadata's size for these arguments, on sm_90 and varlen (both the
+    metadata op and the forward's `metadata_size`)."""
+    causal, local, left, right = _causal_local(max_q, max_k, d, left, right, chunk, is_causal)
+    b4 = (batch + 3) // 4 * 4
+    swizzle = causal or local
+    if build.metadata_layout == "fa3":  # flash_api.cpp 992-1002 (sort unless local)
+        return 1 + b4 * (2 + (not local) + swizzle)
+    if num_splits <= 0:  # get_num_splits (flash_api.cpp 443-470), num_splits_dynamic_ptr set
+        d_r = _round_up_headdim(d)
+        dv_r = d_r if dv == d else _round_up_headdimv(dv)
+        block_m, block_n = _tile_size_sm90(d_r, dv_r, causal, local, 1 if e4m3 else 2, softcap)
+        loaded = max_k if not local else max(0, min(max_k, right + left + 1 + block_m))
+        n_blocks = -(-loaded // block_n)
+        m_blocks = -(-(max_q * (heads // heads_k)) // block_m)
+        num_splits = _num_splits_heuristic(heads_k * m_blocks, NUM_SM - sm_margin, n_blocks,
+                                           m_blocks, max_k * (d + dv) * (1 if e4m3 else 2),
+                                           causal or local, 128)
+    dynamic = batch <= PREPARE_VARLEN_MAX_BATCHES_1CTA and num_splits > 1  # vllm 1071, 1083-1089
+    return 1 + b4 * (1 + dynamic + swizzle)
+
+
+def _lens(cu: torch.Tensor | None, count: int, static: int) -> tuple[int, ...]:
+    if cu is None:
+        return (static,) * count
+    values = cu.tolist()
+    return tuple(b - a for a, b in zip(values, values[1:], strict=False))
+
+
+def scheduler_metadata(build: Build, a: dict) -> torch.Tensor:
+    """mha_fwd_get_scheduler_metadata for one call: `a` maps every schema argument name to its
+    value. Returns the metadata tensor (zeros: its contents are not modelled) and remembers
+    what it was made for."""
+    dtype = a["qkv_dtype"]
+    _check(dtype in (torch.float16, torch.bfloat16, torch.float8_e4m3fn),
+           "FlashAttention only supports fp16, bf16, and fp8_e4m3 data type")
+    _check(a["num_heads"] % a["num_heads_k"] == 0,
+           "Number of heads in key/value must divide number of heads in query")
+    for name in ("cu_seqlens_k_new", "seqused_q", "leftpad_k"):
+        if a.get(name) is not None:
+            raise NotImplementedError(f"fake FA3 ({build.namespace}): get_scheduler_metadata's {name} is not modelled")
+    if a.get("page_size") is not None or a.get("max_seqlen_k_new", 0):
+        raise NotImplementedError(f"fake FA3 ({build.namespace}): paged or appended KV metadata is not modelled")
+    seqused_k, cu_q = a["seqused_k"], a.get("cu_seqlens_q")
+    _int_ptr(seqused_k)  # params.seqused_k = seqused_k.data_ptr<int>()
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        if a.get(name) is not None:
+            _int_ptr(a[name])
+    batch = a["batch_size"]
+    # prepare_varlen_num_blocks reads seqused_k[0:batch] and cu_seqlens_q[0:batch + 1]
+    if seqused_k.numel() < batch or (cu_q is not None and cu_q.numel() < batch + 1):
+        raise RuntimeError(
+            f"fake FA3 ({build.namespace}): batch_size {batch} reads past seqused_k "
+            f"({seqused_k.numel()}) or cu_seqlens_q ({None if cu_q is None else cu_q.numel()}): "
+            "out of bounds on the GPU")
+    chunk = a.get("attention_chunk", 0)
+    size = _metadata_size(build, batch=batch, max_q=a["max_seqlen_q"], max_k=a["max_seqlen_k"],
+                          heads=a["num_heads"], heads_k=a["num_heads_k"], d=a["headdim"],
+                          dv=a["headdim_v"], e4m3=dtype == torch.float8_e4m3fn,
+                          left=a["window_size_left"], right=a["window_size_right"], chunk=chunk,
+                          is_causal=a["is_causal"], softcap=a["has_softcap"],
+                          num_splits=a["num_splits"], sm_margin=a["sm_margin"])
+    made_for = {
+        "batch_size": batch, "max_seqlen_q": a["max_seqlen_q"], "max_seqlen_k": a["max_seqlen_k"],
+        "num_heads": a["num_heads"], "num_heads_k": a["num_heads_k"], "headdim": a["headdim"],
+        "headdim_v": a["headdim_v"], "qkv_dtype": dtype, "is_causal": a["is_causal"],
+        "window_size_left": a["window_size_left"], "window_size_right": a["window_size_right"],
+        "attention_chunk": chunk, "softcap": bool(a["has_softcap"]), "num_splits": a["num_splits"],
+        "pack_gqa": a["pack_gqa"], "sm_margin": a["sm_margin"],
+        "q_lens": _lens(cu_q, batch, a["max_seqlen_q"]),
+        "k_lens": tuple(seqused_k[:batch].tolist()),  # seqused_k comes first (get_num_n_blocks)
+    }
+    metadata = torch.zeros(size, dtype=torch.int32, device=seqused_k.device)
+    _MADE[id(metadata)] = (weakref.ref(metadata), build.namespace, made_for)
+    return metadata
+
+
+def _check_metadata(build: Build, metadata: torch.Tensor, q: torch.Tensor, size: int,
+                    call: dict) -> None:
+    """mha_fwd 1005-1011 (the real checks), then what the real kernel would schedule by."""
+    _check(metadata.device.type == q.device.type, "scheduler_metadata must be on CUDA")
+    _check_shape(metadata, "scheduler_metadata", (size,), "metadata_size")
+    _check(metadata.is_contiguous(), "scheduler_metadata must be contiguous")
+    _check(metadata.dtype == torch.int32, "scheduler_metadata must have dtype int32")
+    entry = _MADE.get(id(metadata))
+    if entry is None or entry[0]() is not metadata or entry[1] != build.namespace:
+        raise RuntimeError(
+            f"fake FA3 ({build.namespace}): scheduler_metadata was not made by this build's "
+            "get_scheduler_metadata; the real kernel would schedule by whatever it holds (not modelled)")
+    made_for = entry[2]
+    differ = {k: (made_for[k], call[k]) for k in call if made_for[k] != call[k]}
+    if differ:
+        raise RuntimeError(
+            f"fake FA3 ({build.namespace}): scheduler_metadata made for other arguments than this "
+            f"call's ({', '.join(f'{k}: made for {m!r}, called with {c!r}' for k, (m, c) in differ.items())}); "
+            "the real mha_fwd checks only its size and schedules the call by it (wrong or missing rows)")
 
 
 def forward(build: Build, a: dict) -> tuple:
@@ -210,6 +429,29 @@ def forward(build: Build, a: dict) -> tuple:
     else:
         out = torch.empty(total_q, num_heads, head_size_v, dtype=out_type, device=q.device)
     softmax_lse = torch.empty(num_heads, total_q, dtype=torch.float32, device=q.device)
+
+    # 987-1011: the scheduler metadata, where the call passes one
+    metadata = a.get("scheduler_metadata")
+    if metadata is not None:
+        chunk = a.get("attention_chunk", 0)
+        size = _metadata_size(build, batch=batch_size, max_q=seqlen_q, max_k=seqlen_k,
+                              heads=num_heads, heads_k=num_heads_k, d=head_size, dv=head_size_v,
+                              e4m3=q_type == torch.float8_e4m3fn, left=a.get("window_size_left", -1),
+                              right=a.get("window_size_right", -1), chunk=chunk,
+                              is_causal=bool(a.get("is_causal", False)),
+                              softcap=float(a.get("softcap", 0.0)) != 0.0,
+                              num_splits=a.get("num_splits", 0), sm_margin=a.get("sm_margin", 0))
+        call = {
+            "batch_size": batch_size, "max_seqlen_q": seqlen_q, "max_seqlen_k": seqlen_k,
+            "num_heads": num_heads, "num_heads_k": num_heads_k, "headdim": head_size,
+            "headdim_v": head_size_v, "qkv_dtype": q_type, "is_causal": a.get("is_causal", False),
+            "window_size_left": a.get("window_size_left", -1),
+            "window_size_right": a.get("window_size_right", -1), "attention_chunk": chunk,
+            "softcap": float(a.get("softcap", 0.0)) != 0.0, "num_splits": a.get("num_splits", 0),
+            "pack_gqa": a.get("pack_gqa"), "sm_margin": a.get("sm_margin", 0),
+            "q_lens": _lens(cu_q, batch_size, seqlen_q), "k_lens": _lens(cu_k, batch_size, seqlen_k),
+        }
+        _check_metadata(build, metadata, q, size, call)
 
     # 1112-1142: descales, read for fp8 inputs only
     descales = {}
@@ -340,14 +582,19 @@ def _tile_reads(o, v, k_start, q_len, k_len, right, tile, dequant):
 def register(build: Build) -> torch.library.Library:
     """Define `build.namespace::fwd` with the build's schema and this body as its CPU kernel.
 
-    Idempotent for the same schema; a different schema for a namespace replaces the old one."""
+    With `build.metadata_schema`, also `build.namespace::get_scheduler_metadata` with that
+    schema and `scheduler_metadata` as its CPU kernel.
+    Idempotent for the same schemas; different ones for a namespace replace the old op."""
+    schemas = (build.schema, build.metadata_schema)
     live = _LIBS.get(build.namespace)
     if live is not None:
-        if live[1] == build.schema:
+        if live[1] == schemas:
             return live[0]
         unregister(build.namespace)
     lib = torch.library.Library(build.namespace, "FRAGMENT")
     lib.define(build.schema)
+    if build.metadata_schema is not None:
+        _register_metadata(lib, build)
     overload = getattr(torch.ops, build.namespace).fwd.default
     arguments = list(overload._schema.arguments)
     as_list = "Tensor[]" in build.schema.split("->")[-1]
@@ -371,8 +618,29 @@ def register(build: Build) -> torch.library.Library:
         return result
 
     lib.impl("fwd", fwd, "CPU")
-    _LIBS[build.namespace] = (lib, build.schema)
+    _LIBS[build.namespace] = (lib, schemas)
     return lib
+
+
+def _register_metadata(lib: torch.library.Library, build: Build) -> None:
+    lib.define(build.metadata_schema)
+    overload = getattr(torch.ops, build.namespace).get_scheduler_metadata.default
+    arguments = list(overload._schema.arguments)
+    calls = METADATA_CALLS.setdefault(build.namespace, [])
+
+    def get_scheduler_metadata(*args, **kwargs):
+        values = list(args)
+        for arg in arguments[len(values):]:  # the dispatcher drops trailing defaults
+            if arg.name in kwargs:
+                values.append(kwargs[arg.name])
+            elif arg.has_default_value():
+                values.append(arg.default_value)
+            else:
+                raise TypeError(f"fake {build.namespace}::get_scheduler_metadata: missing argument {arg.name}")
+        calls.append(values)
+        return scheduler_metadata(build, {arg.name: v for arg, v in zip(arguments, values, strict=True)})
+
+    lib.impl("get_scheduler_metadata", get_scheduler_metadata, "CPU")
 
 
 def unregister(namespace: str) -> None:
@@ -381,6 +649,7 @@ def unregister(namespace: str) -> None:
     if live is not None:
         live[0]._destroy()
     CALLS.pop(namespace, None)
+    METADATA_CALLS.pop(namespace, None)
 
 
 def unregister_all() -> None:

@@ -13,6 +13,23 @@ Each string is byte for byte what the build registers (split here at its commas 
 
 UNKNOWN: FA3_HEAD with a required argument inserted after `v` (no default: a caller that does
 not know it cannot call the op), for the provider's "unknown schema" path.
+
+Each build's `get_scheduler_metadata` schema (the op that precomputes what FA3's
+prepare-varlen kernel computes at every call), verbatim the same way:
+- FA3_HEAD_METADATA: Dao-AILab flash-attention hopper/flash_api.cpp 1737-1761 (the same text in
+  hopper/flash_api_stable.cpp 1956-1980, the stable-ABI build fa3-fwd's library comes from:
+  its `boxed_mha_fwd_get_scheduler_metadata` symbol);
+- FA3_FWD_0_0_3_METADATA: fa3-fwd 0.0.3 `fa3_fwd/_C.abi3.so`, the string the library registers
+  (`strings _C.abi3.so | grep '^get_scheduler_metadata('`); the same text as FA3_HEAD_METADATA;
+- VLLM_FA3_METADATA: vllm-flash-attention 617264c1 hopper/flash_api_torch_lib.cpp 293-316
+  (`ops.def("get_scheduler_metadata(" ...)`): no defaults, and no attention_chunk (its fwd has
+  none either);
+- SGL_KERNEL_0_4_10_METADATA: sglang-kernel 0.4.10 `sgl_kernel/flash_ops.abi3.so`, the string
+  the library registers: defaults from max_seqlen_k_new on, attention_chunk present.
+
+UNKNOWN_METADATA: FA3_HEAD_METADATA with an argument no release has (`bool deterministic`,
+with a default) before sm_margin: the provider must run without metadata rather than guess
+what the argument changes in the schedule.
 """
 
 FA3_HEAD = (
@@ -179,3 +196,112 @@ SGL_KERNEL_0_4_10 = (
 )
 
 UNKNOWN = FA3_HEAD.replace("Tensor v,", "Tensor v,int num_kv_splits,", 1)
+
+FA3_HEAD_METADATA = (
+    'get_scheduler_metadata(int batch_size,'
+    'int max_seqlen_q,'
+    'int max_seqlen_k,'
+    'int num_heads,'
+    'int num_heads_k,'
+    'int headdim,'
+    'int headdim_v,'
+    'ScalarType qkv_dtype,'
+    'Tensor seqused_k,'
+    'Tensor? cu_seqlens_q = None,'
+    'Tensor? cu_seqlens_k = None,'
+    'Tensor? cu_seqlens_k_new = None,'
+    'Tensor? seqused_q = None,'
+    'Tensor? leftpad_k = None,'
+    'int? page_size = None,'
+    'int max_seqlen_k_new = 0,'
+    'bool is_causal = False,'
+    'int window_size_left = -1,'
+    'int window_size_right = -1,'
+    'int attention_chunk = 0,'
+    'bool has_softcap = False,'
+    'int num_splits = 0,'
+    'bool? pack_gqa = None,'
+    'int sm_margin = 0) -> Tensor'
+)
+
+FA3_FWD_0_0_3_METADATA = (
+    'get_scheduler_metadata(int batch_size,'
+    'int max_seqlen_q,'
+    'int max_seqlen_k,'
+    'int num_heads,'
+    'int num_heads_k,'
+    'int headdim,'
+    'int headdim_v,'
+    'ScalarType qkv_dtype,'
+    'Tensor seqused_k,'
+    'Tensor? cu_seqlens_q = None,'
+    'Tensor? cu_seqlens_k = None,'
+    'Tensor? cu_seqlens_k_new = None,'
+    'Tensor? seqused_q = None,'
+    'Tensor? leftpad_k = None,'
+    'int? page_size = None,'
+    'int max_seqlen_k_new = 0,'
+    'bool is_causal = False,'
+    'int window_size_left = -1,'
+    'int window_size_right = -1,'
+    'int attention_chunk = 0,'
+    'bool has_softcap = False,'
+    'int num_splits = 0,'
+    'bool? pack_gqa = None,'
+    'int sm_margin = 0) -> Tensor'
+)
+
+VLLM_FA3_METADATA = (
+    'get_scheduler_metadata(    int      batch_size,'
+    '    int      max_seqlen_q,'
+    '    int      max_seqlen_k,'
+    '    int      num_heads,'
+    '    int      num_heads_k,'
+    '    int      headdim,'
+    '    int      headdim_v,'
+    '    ScalarType qkv_dtype,'
+    '    Tensor   seqused_k,'
+    '    Tensor?  cu_seqlens_q,'
+    '    Tensor?  cu_seqlens_k,'
+    '    Tensor?  cu_seqlens_k_new,'
+    '    Tensor?  seqused_q,'
+    '    Tensor?  leftpad_k,'
+    '    int?     page_size,'
+    '    int      max_seqlen_k_new,'
+    '    bool     is_causal,'
+    '    int      window_size_left,'
+    '    int      window_size_right,'
+    '    bool     has_softcap,'
+    '    int      num_splits,'
+    '    bool?    pack_gqa,'
+    '    int      sm_margin) -> Tensor'
+)
+
+SGL_KERNEL_0_4_10_METADATA = (
+    'get_scheduler_metadata(    int      batch_size,'
+    '    int      max_seqlen_q,'
+    '    int      max_seqlen_k,'
+    '    int      num_heads,'
+    '    int      num_heads_k,'
+    '    int      headdim,'
+    '    int      headdim_v,'
+    '    ScalarType qkv_dtype,'
+    '    Tensor   seqused_k,'
+    '    Tensor?  cu_seqlens_q,'
+    '    Tensor?  cu_seqlens_k,'
+    '    Tensor?  cu_seqlens_k_new,'
+    '    Tensor?  seqused_q,'
+    '    Tensor?  leftpad_k,'
+    '    int?     page_size,'
+    '    int      max_seqlen_k_new = 0,'
+    '    bool     is_causal = False,'
+    '    int      window_size_left = -1,'
+    '    int      window_size_right = -1,'
+    '    int      attention_chunk = 0,'
+    '    bool     has_softcap = False,'
+    '    int      num_splits = 0,'
+    '    bool?    pack_gqa = None,'
+    '    int      sm_margin = 0) -> Tensor'
+)
+
+UNKNOWN_METADATA = FA3_HEAD_METADATA.replace("int sm_margin = 0)", "bool deterministic = False,int sm_margin = 0)", 1)
