@@ -596,24 +596,6 @@ def shape_row(name, lq, lk, heads, device, gemm, only_auto=False):
             row[f"{key}_graph_ms_samples"] = got
         ratios(row, gemm)
         return row
-    # the FA3 provider with FA3's own split heuristic (num_splits=0) instead of no split
-    from mla_plugins.core.kernels import flash_attn as fa_mod
-
-    saved = fa_mod.CONSTANTS["num_splits"]
-    try:
-        fa_mod.CONSTANTS["num_splits"] = 0
-        fa_mod.reset()
-        for key, fp8 in (("fa_fp8_s0", True), ("fa_bf16_s0", False)):
-            try:
-                plan = mla_plugins.plan_prefill(hq, hk, num_heads=heads, fp8=fp8, kernel="flash_attn",
-                                                device=device)
-                record(key, _ours_call(q, k, v, plan, fp8, out, "flash_attn"))
-            except Exception as exc:
-                row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    finally:
-        fa_mod.CONSTANTS["num_splits"] = saved
-        fa_mod.reset()
-
     # peers
     max_q, max_k = max(lq), max(lk)
     try:
