@@ -298,9 +298,8 @@ def variant_configs(fp8: bool) -> dict:
                                           (128, 4, True, False), (128, 4, False, True))
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
-        base, shapes = GLUON_BF16_CONFIG, ((64, 4, False, False), (64, 3, False, False),
-                                           (64, 4, True, False), (64, 4, False, True),
-                                           (128, 2, False, False))
+        base, shapes = GLUON_BF16_CONFIG, ((64, 4, False, False), (64, 4, True, False),
+                                           (64, 4, False, True), (128, 2, False, False))
     for bn, st, pp, pers in shapes:
         cfg = replace(base, block_n=bn, num_stages=st, pingpong=pp, persistent=pers)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
