@@ -22,6 +22,8 @@
 #   bash benchmarks/device_run.sh verify  # rotation_cost.py at the small shapes, every GPU test
 #   bash benchmarks/device_run.sh profile # Nsight Compute (full set) of the Gluon kernel and of
 #                                         # FA3's FP8 forward, one launch each, B1-S8192-H128
+#   bash benchmarks/device_run.sh gluon16 # the Gluon 16-bit kernel: its GPU tests, its variants
+#                                         # at every shape beside FA3 bf16 (prefill.py --variants --bf16)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -30,7 +32,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -170,6 +172,17 @@ case "$stage" in
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Stall|Executed Ipc|Issue Slots" \
             "$out/ncu-rotation.txt" | head -40
         ;;
+    gluon16)
+        # the Gluon kernel in 16-bit (stop 28): its GPU tests (every bf16 test of test_triton.py
+        # through each phase-1 kernel), then its variants at every shape beside FA3 bf16
+        timeout 200 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --maxfail=10 \
+            -k "bf16" > "$out/gpu-tests-gluon16.log" 2>&1 || status=1
+        tail -12 "$out/gpu-tests-gluon16.log"
+        timeout 330 python3 benchmarks/prefill.py --variants --bf16 --out "$out/h200-variants-bf16.json" \
+            --shapes B1-S8192-H128,B4-S4096-H16,B1-S16384-H16,B8-S2048-H128,B1-S1024-H16,B1-S2048-H8,B16-S512-H16,chunked-q512-k8192-H16,chunked-q512-k8192-H128,chunked-q2048-k18432-H16 \
+            > "$out/variants.log" 2>&1 || status=1
+        summarize_variants
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -177,7 +190,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
