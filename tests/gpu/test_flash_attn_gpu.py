@@ -260,3 +260,168 @@ def test_planned_calls_follow_the_rotation_implementation(kernel, monkeypatch):
             assert err < 0.07, (rotation, err)
             outs.setdefault(rotation, out)
     assert rel_err(outs["kron"], outs["dense"]) < 0.02
+
+
+# -- FA3's scheduler metadata (made once per plan and mode, passed on every call) -------------
+
+#: the cases above with a sequence that FA3 splits over its keys (one 128-row query over 8192
+#: keys: 7 splits at H=16 and 55 at H=1 on 132 SMs), so the combine path is seen too
+METADATA_CASES = {
+    "empty-and-no-key": CASES["empty-and-no-key"],
+    "chunked": CASES["chunked"],
+    "varlen-prefix": CASES["varlen-prefix"],
+    "split": ([128], [8192]),
+}
+
+
+def _metadata_used(plan) -> torch.Tensor:
+    """The scheduler metadata the plan's calls pass (asserting there is exactly one)."""
+    from mla_plugins.core.kernels import flash_attn
+
+    made = [m for m in plan.memo.get("fa3_metadata", {}).values() if m is not None]
+    assert len(made) == 1, f"expected one scheduler metadata for the plan, found {len(made)}"
+    (call,) = plan.memo["fa3_calls"].values()
+    b = call[0]
+    assert call[1][b.names.index("scheduler_metadata")] is made[0], "the call does not pass it"
+    assert isinstance(b, flash_attn.Binding)
+    return made[0]
+
+
+@pytest.mark.parametrize("case", list(METADATA_CASES))
+@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("mode", ["bf16", "e4m3-plain"])
+def test_scheduler_metadata_changes_no_bit(case, heads, mode, device, fresh_binding, monkeypatch):
+    """The provider's out and lse with the scheduler metadata it makes once per plan are
+    bit-identical to the same op's without it (FA3's prepare kernel at every call), and
+    close to float64; the metadata is made on the plan's first call and reused after."""
+    assert fresh_binding.metadata_op is not None, (
+        f"fa3-fwd 0.0.3 registers get_scheduler_metadata; the binding says: {fresh_binding.describe()}")
+    lens_q, lens_k = METADATA_CASES[case]
+    fp8 = mode != "bf16"
+    q, k, v, _, _ = random_batch(lens_q, lens_k, heads, device=device)
+    cq, ck = offsets(lens_q), offsets(lens_k)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=fp8,
+                                    kernel="flash_attn")
+    with_meta = [run(q, k, v, cq, ck, fp8=fp8, rotate=False if fp8 else None, plan=plan)
+                 for _ in range(2)]
+    metadata = _metadata_used(plan)
+    assert metadata.dtype == torch.int32 and metadata.is_cuda
+    monkeypatch.setattr(fresh_binding, "metadata_op", None)  # FA3 schedules itself again
+    plain = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=fp8,
+                                     kernel="flash_attn")
+    out_b, lse_b = run(q, k, v, cq, ck, fp8=fp8, rotate=False if fp8 else None, plan=plain)
+    assert not any(m is not None for m in plain.memo.get("fa3_metadata", {}).values())
+    torch.cuda.synchronize()
+    ref_out, ref_lse = reference_on_device(q, k, v, torch.tensor(cq, device=device),
+                                           torch.tensor(ck, device=device))
+    check(out_b, lse_b, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL, 0.25 if fp8 else 2e-3,
+          f"{case} H={heads} {mode} without metadata")
+    for i, (out_a, lse_a) in enumerate(with_meta):
+        check(out_a, lse_a, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL,
+              0.25 if fp8 else 2e-3, f"{case} H={heads} {mode} with metadata, call {i}")
+        assert torch.equal(out_a, out_b), (
+            f"{case} H={heads} {mode} call {i}: output differs with the scheduler metadata "
+            f"(max {(out_a.float() - out_b.float()).abs().max().item():.3e})")
+        assert torch.equal(lse_a, lse_b), f"{case} H={heads} {mode} call {i}: lse differs with the metadata"
+
+
+@pytest.mark.parametrize("mode", ["bf16", "e4m3-plain"])
+def test_scheduler_metadata_made_without_sync(mode, device, fresh_binding):
+    """A plan's first call makes the metadata (a subtraction and FA3's metadata op on the
+    stream): nothing read back from the device."""
+    lens_q, lens_k = CASES["varlen-prefix"]
+    heads, fp8 = 16, mode != "bf16"
+    cq, ck = offsets(lens_q), offsets(lens_k)
+    q, k, v, _, _ = random_batch(lens_q, lens_k, heads, device=device)
+    kw = dict(kernel="flash_attn", fp8=fp8, fp8_rotate=False if fp8 else None)
+    warm = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=fp8, kernel="flash_attn")
+    mla_plugins.mla_prefill(q, k, v, plan=warm, **kw)  # the fp8 probe and compiles
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=fp8, kernel="flash_attn")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, lse = mla_plugins.mla_prefill(q, k, v, plan=plan, return_lse=True, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _metadata_used(plan)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = reference_on_device(q, k, v, torch.tensor(cq, device=device),
+                                           torch.tensor(ck, device=device))
+    check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL, 0.25 if fp8 else 2e-3,
+          f"first call {mode}")
+
+
+@pytest.mark.parametrize("case", ["empty-and-no-key", "split"])
+@pytest.mark.parametrize("mode", ["bf16", "e4m3-plain"])
+def test_scheduler_metadata_replays_in_a_cuda_graph(case, mode, device, fresh_binding):
+    """A planned call made eagerly once (the metadata made then), captured, replayed on new
+    values: close to float64, bit-identical to the eager call on the same values, and the
+    capture made no metadata of its own."""
+    lens_q, lens_k = METADATA_CASES[case]
+    heads, fp8 = 16, mode != "bf16"
+    cq, ck = offsets(lens_q), offsets(lens_k)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=fp8,
+                                    kernel="flash_attn")
+    q, k, v, _, _ = random_batch(lens_q, lens_k, heads, device=device)
+    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
+    kw = dict(plan=plan, kernel="flash_attn", fp8=fp8, fp8_rotate=False if fp8 else None, out=out)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            mla_plugins.mla_prefill(q, k, v, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    metadata = _metadata_used(plan)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, glse = mla_plugins.mla_prefill(q, k, v, return_lse=True, **kw)
+    assert _metadata_used(plan) is metadata, "a metadata made during the capture"
+    cu_q, cu_k = torch.tensor(cq, device=device), torch.tensor(ck, device=device)
+    for seed in (21, 22):
+        q2, k2, v2, _, _ = random_batch(lens_q, lens_k, heads, device=device, seed=seed)
+        q.copy_(q2)
+        k.copy_(k2)
+        v.copy_(v2)
+        out.fill_(float("nan"))
+        glse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = reference_on_device(q2, k2, v2, cu_q, cu_k)
+        check(out, glse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL, 0.25 if fp8 else 2e-3,
+              f"graph replay {case} {mode} seed {seed}")
+        replayed, replayed_lse = out.clone(), glse.clone()
+        eager_out, eager_lse = run(q, k, v, cq, ck, fp8=fp8, rotate=False if fp8 else None, plan=plan)
+        assert torch.equal(replayed, eager_out) and torch.equal(replayed_lse, eager_lse), (
+            f"graph replay {case} {mode} seed {seed}: differs from the eager call")
+
+
+def test_first_call_inside_a_capture_makes_no_metadata(device, fresh_binding):
+    """A plan whose first call is captured: FA3 schedules itself inside the graph (no
+    metadata made while capturing); the next eager call makes it; both agree bitwise."""
+    lens_q, lens_k = CASES["varlen-prefix"]
+    heads = 16
+    cq, ck = offsets(lens_q), offsets(lens_k)
+    q, k, v, _, _ = random_batch(lens_q, lens_k, heads, device=device)
+    warm = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=False, kernel="flash_attn")
+    mla_plugins.mla_prefill(q, k, v, plan=warm, kernel="flash_attn", fp8=False)  # FA3 loaded
+    torch.cuda.synchronize()
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=False, kernel="flash_attn")
+    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, glse = mla_plugins.mla_prefill(q, k, v, plan=plan, kernel="flash_attn", fp8=False,
+                                          out=out, return_lse=True)
+    assert not any(m is not None for m in plan.memo.get("fa3_metadata", {}).values()), (
+        "scheduler metadata made while capturing")
+    assert "fa3_seqused_k" not in plan.memo
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed, replayed_lse = out.clone(), glse.clone()
+    eager_out, eager_lse = run(q, k, v, cq, ck, fp8=False, plan=plan)
+    _metadata_used(plan)  # made by the eager call
+    torch.cuda.synchronize()
+    ref_out, ref_lse = reference_on_device(q, k, v, torch.tensor(cq, device=device),
+                                           torch.tensor(ck, device=device))
+    check(replayed, replayed_lse, ref_out, ref_lse, BF16_TOL, 2e-3, "captured first call")
+    assert torch.equal(replayed, eager_out) and torch.equal(replayed_lse, eager_lse)
