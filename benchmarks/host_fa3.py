@@ -14,7 +14,11 @@ host-bound: 61 calls' launches fit in the GPU's queue):
   (what vLLM's FA3 metadata builder does per batch): FA3 then skips its
   prepare-varlen kernel; its output is checked equal to `raw`'s;
 - `provider` / `provider_lse`: `mla_prefill(q, k, v, plan=plan, kernel="flash_attn")`
-  (fp8 from bf16 for the fp8 rows: the quantization's replayed launches included);
+  (fp8 from bf16 for the fp8 rows: the quantization's replayed launches included), with
+  the scheduler metadata the provider makes once per plan where the binding has
+  get_scheduler_metadata (`provider_metadata`);
+- `provider_nosched`: the same with the binding's metadata op hidden (FA3's prepare-varlen
+  kernel at every call, the provider before issue 20);
 - `public`: FA3's `flash_attn_varlen_func` (the autograd wrapper).
 GPU ms per call of `raw` and `raw_sched` from one CUDA graph of 61 calls.
 """
@@ -117,6 +121,19 @@ def measure(name, lens_q, lens_k, heads, fp8, b, fa_module) -> dict:
         q, k, v, plan=plan, kernel="flash_attn", out=out, return_lse=True))
     row["provider_gpu_ms"] = _graph_ms(lambda: mla_plugins.mla_prefill(
         q, k, v, plan=plan, kernel="flash_attn", out=out))
+    row["provider_metadata"] = any(m is not None for m in plan.memo.get("fa3_metadata", {}).values())
+    with_metadata = out.clone()
+    hidden, b.metadata_op = b.metadata_op, None
+    try:
+        plain = mla_plugins.plan_prefill(cq_h, ck_h, num_heads=heads, device=device,
+                                         dtype=torch.bfloat16, fp8=fp8, kernel="flash_attn")
+        row["provider_nosched_us"] = _host_us(lambda: mla_plugins.mla_prefill(
+            q, k, v, plan=plain, kernel="flash_attn", out=out))
+        row["provider_nosched_gpu_ms"] = _graph_ms(lambda: mla_plugins.mla_prefill(
+            q, k, v, plan=plain, kernel="flash_attn", out=out))
+        row["provider_sched_max_diff"] = (out.float() - with_metadata.float()).abs().max().item()
+    finally:
+        b.metadata_op = hidden
     if not fp8:
         row["public_us"] = _host_us(lambda: fa_module.flash_attn_varlen_func(
             q, k, v, cq, ck, mq, mk_, causal=True))
