@@ -554,8 +554,8 @@ class FlashAttnKernel(Kernel):
             else:
                 q, k, v = inputs.q, inputs.k, inputs.v
             # the call's arguments but q, k, v, out and the descales, made once per plan and
-            # (dtype, head dims, scale): each call copies the list and fills those in
-            key = (q.dtype, q.shape[2], v.shape[2], inputs.softmax_scale)
+            # (dtype, head dims, scale, causal): each call copies the list and fills those in
+            key = (q.dtype, q.shape[2], v.shape[2], inputs.softmax_scale, inputs.causal)
             calls = plan.memo.get("fa3_calls")
             call = calls.get(key) if calls is not None else None
             if call is None or not call[0].usable:
