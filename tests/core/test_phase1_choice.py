@@ -1,5 +1,6 @@
-"""Which phase-1 kernel a batch gets (triton_kernel.batch_config): the Gluon fp8 kernel only
-on Hopper and for batches of long query slices; the rule's arithmetic against brute force."""
+"""Which phase-1 kernel a batch gets (triton_kernel.batch_config): the Gluon kernel only on
+Hopper, in fp8 for batches of long query slices, in 16-bit for every batch; the rule's
+arithmetic against brute force."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def test_cpu_and_flag_keep_the_portable_kernel(monkeypatch):
 
 
 def test_gluon_only_for_long_slices(monkeypatch):
-    """With the device checks passed, the length rule alone decides (and bf16 never)."""
+    """With the device checks passed, the length rule alone decides in fp8; 16-bit takes the
+    Gluon kernel one CTA per unit at every length (stop 28's measurement)."""
     monkeypatch.setattr(tk, "gluon_reasons", lambda device: [])
     monkeypatch.setattr(tk, "device_kind", lambda device: "cuda")
     dev = torch.device("cpu")
@@ -59,6 +61,7 @@ def test_gluon_only_for_long_slices(monkeypatch):
     assert tk.batch_config(dev, True, _cu([2048]), _cu([2048]), True) == tk.FP8_CONFIG
     several = tk.batch_config(dev, True, _cu([2048] * 8), _cu([2048] * 8), True)
     assert several.gluon and several.persistent
-    assert tk.batch_config(dev, False, long_cu, long_cu, True) == tk.BF16_CONFIG
+    for cu in (long_cu, short_cu, _cu([2048] * 8), _cu([1])):
+        assert tk.batch_config(dev, False, cu, cu, True) is tk.GLUON_BF16_CONFIG
     # a short query over a long cached prefix: long slices
     assert tk.batch_config(dev, True, _cu([512]), _cu([8192]), True) is tk.GLUON_FP8_CONFIG

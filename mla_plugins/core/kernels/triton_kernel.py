@@ -93,9 +93,12 @@ FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: Hopper fp8 (sm_90): the Gluon kernel
 GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True)
-#: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v; two 80 KB stages beside q's
-#: 48 KB fill the 227 KB of shared memory (FA3's bf16 tiles for head dim 192)
-GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=4, gluon=True)
+#: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 64-key steps over four
+#: stages, the two consumer warpgroups taking turns (H200, stop 28, GPU time: 1.10-1.20x the
+#: portable kernel at every shape; pingpong +0-2.5% at 8 of 10 shapes, -1% at two; 128-key
+#: steps over two stages 0.62-0.82x FA3 bf16 against 0.79-1.06x; benchmarks/NOTES.md)
+GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=4, gluon=True,
+                               pingpong=True)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
@@ -126,8 +129,10 @@ def gluon_reasons(device: torch.device) -> list[str]:
 GLUON_MIN_MEAN_KEYS = 3072
 #: the same for batches of several sequences, which take the persistent Gluon kernel
 GLUON_PERSISTENT_MIN_MEAN_KEYS = 1024
-#: the same two for 16-bit inputs (GLUON_BF16_CONFIG), infinite: off until measured
-GLUON_BF16_MIN_MEAN_KEYS = float("inf")
+#: the same two for 16-bit inputs (GLUON_BF16_CONFIG): one CTA per unit at every shape (it beat
+#: the portable kernel at all ten shapes of the H200 run, by 1.10-1.20x); persistent never (it
+#: lost to one CTA per unit at nine of ten, by up to 37% at B1-S2048-H8)
+GLUON_BF16_MIN_MEAN_KEYS = 0
 GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS = float("inf")
 
 
