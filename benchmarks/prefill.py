@@ -279,10 +279,10 @@ VARIANT_SHAPES = ("B1-S8192-H128", "B8-S2048-H128", "B1-S16384-H16", "B4-S4096-H
 
 
 def variant_configs(fp8: bool) -> dict:
-    """The phase-1 variants `--variants` measures, by label: fp8, the portable kernel and the
-    Gluon kernel at each ring depth; 16-bit (`--bf16`), the portable kernel and the Gluon
-    kernel at 64- and 128-key steps (the 128-key one spills: measured, never launched by
-    the provider)."""
+    """The phase-1 variants `--variants` measures, by label: the portable kernel and the Gluon
+    kernel (fp8, or 16-bit with `--bf16`: its default, pingpong), one CTA per unit and
+    persistent, with q loaded by the consumers and by the producer's TMA (q_tma). Stop 28's
+    first 16-bit run measured the step and ring choices (NOTES)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels.triton_kernel import (
@@ -294,16 +294,16 @@ def variant_configs(fp8: bool) -> dict:
 
     if fp8:
         configs = {"triton 64x64 w4 s4": FP8_CONFIG}
-        base, shapes = GLUON_FP8_CONFIG, ((128, 3, False, False), (128, 4, False, False),
-                                          (128, 4, True, False), (128, 4, False, True))
+        base, shapes = GLUON_FP8_CONFIG, ((128, 4, False, False, False), (128, 4, False, True, False),
+                                          (128, 4, False, False, True), (128, 4, False, True, True))
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
-        base, shapes = GLUON_BF16_CONFIG, ((64, 4, False, False), (64, 4, True, False),
-                                           (64, 4, False, True), (128, 2, False, False))
-    for bn, st, pp, pers in shapes:
-        cfg = replace(base, block_n=bn, num_stages=st, pingpong=pp, persistent=pers)
+        base, shapes = GLUON_BF16_CONFIG, ((64, 4, True, False, False), (64, 4, True, False, True),
+                                           (64, 4, True, True, True))
+    for bn, st, pp, pers, qt in shapes:
+        cfg = replace(base, block_n=bn, num_stages=st, pingpong=pp, persistent=pers, q_tma=qt)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
-                f"{' persistent' if pers else ''}"] = cfg
+                f"{' persistent' if pers else ''}{' q_tma' if qt else ''}"] = cfg
     return configs
 
 

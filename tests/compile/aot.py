@@ -233,7 +233,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
     if fn.__name__ == "mla_prefill_gluon_kernel":
         return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"s{c['NUM_STAGES']} ws"
-                + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else ""))
+                + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
+                + (" q_tma" if c["Q_TMA"] else ""))
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
         part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
         return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}"
@@ -264,7 +265,10 @@ def scenarios(arch: str) -> list[dict]:
                 # the Gluon kernel on 16-bit inputs: packed, vLLM's v view, persistent
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, layout="vllm"),
-                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, persistent=True))]
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, persistent=True)),
+                # q loaded by the producer's TMA (TileConfig.q_tma)
+                dict(fp8=True, config=replace(g, q_tma=True)),
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=True), layout="vllm")]
     else:
         runs = []
         for fp8 in (True, False):

@@ -250,14 +250,18 @@ if gluon is not None:
 
     @gluon.jit
     def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready,
-                      empty, turn, it0, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t,
+                      empty, turn, q_ready, q_empty, qph, it0, Q, sq_t, sq_h, QScales, sqs_t, Out,
+                      so_t, so_h, Lse, sl_t,
                       sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
                       qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                      FP8: gl.constexpr):
+                      FP8: gl.constexpr, Q_TMA: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
         FP8: q, k, v block-scaled fp8 (the block scales applied per key block); else 16-bit.
+        Q_TMA: the q block arrives in `q_n_smem`/`q_r_smem` by the producer's TMA (`q_ready`,
+        phase `qph`: this group's units so far) and is released once the unit's last q k^T
+        has completed (`q_empty`); else the group loads it itself.
 
         PINGPONG: the two warpgroups take turns issuing their products (FA3's schedule),
         one `turn` mbarrier each: a group waits for its turn, issues S = q k^T (and the
@@ -286,16 +290,21 @@ if gluon is not None:
         # completed), and in fp8 its scale, at the block's first row (a block past the slice's
         # last row: 1, as an all-zero one)
         r0 = m0 + WG * HALF_G
-        rows_l = r0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(1, ld))
-        q_ok = (rows_l < qo_end)[:, None]
-        q_ptr = Q + rows_l.to(gl.int64)[:, None] * sq_t + head.to(gl.int64) * sq_h
-        qn = gl.load(q_ptr + gl.arange(0, NOPE_G, layout=gl.SliceLayout(0, ld))[None, :], mask=q_ok,
-                     other=0.0)
-        qr = gl.load(q_ptr + NOPE_G + gl.arange(0, ROPE_G, layout=gl.SliceLayout(0, ld))[None, :],
-                     mask=q_ok, other=0.0)
-        q_n_smem.store(qn)
-        q_r_smem.store(qr)
-        fence_async_shared()
+        if Q_TMA:
+            # rows past the slice's end hold the next rows of q (TMA reads whole 64-row boxes):
+            # their scores and outputs stay in their own rows, which are never stored
+            mbarrier.wait(q_ready, qph & 1)
+        else:
+            rows_l = r0 + gl.arange(0, HALF_G, layout=gl.SliceLayout(1, ld))
+            q_ok = (rows_l < qo_end)[:, None]
+            q_ptr = Q + rows_l.to(gl.int64)[:, None] * sq_t + head.to(gl.int64) * sq_h
+            qn = gl.load(q_ptr + gl.arange(0, NOPE_G, layout=gl.SliceLayout(0, ld))[None, :],
+                         mask=q_ok, other=0.0)
+            qr = gl.load(q_ptr + NOPE_G + gl.arange(0, ROPE_G, layout=gl.SliceLayout(0, ld))[None, :],
+                         mask=q_ok, other=0.0)
+            q_n_smem.store(qn)
+            q_r_smem.store(qr)
+            fence_async_shared()
         if FP8:
             s_q = gl.load(QScales + r0.to(gl.int64) * sqs_t + head, mask=r0 < qo_end, other=1.0)
             scale = qk_scale * s_q
@@ -387,6 +396,10 @@ if gluon is not None:
             else:
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
 
+        if Q_TMA:
+            # every q k^T of the unit has completed (each was waited for): the producer may
+            # load the next unit's q block
+            mbarrier.arrive(q_empty, count=1)
         if n_total > 0:
             last = (it0 + n_total - 1) % NUM_STAGES
             if not FP8:
@@ -422,42 +435,65 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                  q_ready, q_empty,
                   turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc, order,
                   Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t,
                   spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr):
+                  PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
+                  Q_TMA: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
+        qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
         for k in range(_rounds(num_units, PERSISTENT)):
             w = _unit_index(k, num_units, PERSISTENT)
             (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
              sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal, order,
                             BLOCK_M, BLOCK_N, PERSISTENT)
             if valid:
-                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn, it,
+                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn,
+                              q_ready, q_empty, qph, it,
                               Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
-                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8)
+                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA)
+                if Q_TMA:
+                    qph += 1
             it += n_total
 
     @gluon.jit
-    def _producer(KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
-                  vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order, kh_stride,
-                  vh_stride, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr):
+    def _producer(QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty, q_ready,
+                  q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                  causal, order, qh_stride, kh_stride, vh_stride, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr,
+                  FP8: gl.constexpr, Q_TMA: gl.constexpr):
         """Fills the ring: per key block, k nope, k rope and v (fp8: packed k8 and vt8 from
         the quantization; 16-bit: the caller's k and v, head h's features at column
-        h * kh_stride and h * vh_stride of their 2D [T, span] descriptors)."""
+        h * kh_stride and h * vh_stride of their 2D [T, span] descriptors). Q_TMA: before a
+        unit's key blocks, each consumer group's q block (its two descriptors, head h at
+        column h * qh_stride) into that group's q buffer, once the group released it."""
         nbytes: gl.constexpr = (KN.block_type.nbytes + KR.block_type.nbytes
                                 + VT.block_type.nbytes)
+        qbytes: gl.constexpr = QN.block_type.nbytes + QR.block_type.nbytes
         it = 0
+        qph = 0
         for k in range(_rounds(num_units, PERSISTENT)):
             w = _unit_index(k, num_units, PERSISTENT)
             (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
              sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal, order,
                             BLOCK_M, BLOCK_N, PERSISTENT)
+            if Q_TMA:
+                if valid:
+                    for g in gl.static_range(2):
+                        # a fresh mbarrier counts as having completed phase 1: the first passes
+                        mbarrier.wait(q_empty.index(g), (qph & 1) ^ 1)
+                        mbarrier.expect(q_ready.index(g), qbytes)
+                        tma.async_copy_global_to_shared(QN, [m0 + g * HALF_G, head * qh_stride],
+                                                        q_ready.index(g), q_n.index(g))
+                        tma.async_copy_global_to_shared(QR, [m0 + g * HALF_G,
+                                                             head * qh_stride + NOPE_G],
+                                                        q_ready.index(g), q_r.index(g))
+                    qph += 1
             for j in range(n_total):
                 st = it % NUM_STAGES
                 # a fresh mbarrier counts as having completed phase 1: the first round passes
@@ -483,14 +519,14 @@ if gluon is not None:
                                   "num_tiles", "num_sub", "heads_pc", "causal", "has_lse",
                                   "order", "kh_stride", "vh_stride"])
     def mla_prefill_gluon_kernel(
-        Q, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
+        Q, QN, QR, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
         sq_t, sq_h, vt_stride, ss_w, sqs_t, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse, order, kh_stride,
         vh_stride,
         KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
-        PERSISTENT: gl.constexpr, FP8: gl.constexpr,
+        PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -504,16 +540,18 @@ if gluon is not None:
         16-bit (FP8 False): Q the caller's q [Tq, H, 192], KN/KR descriptors of its k as
         [Tk, span] (head h at column h * kh_stride), VT of its v as [Tk, span] (head h at
         column h * vh_stride); Scales and QScales unused.
-        Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128 and BLOCK_N = 128; in fp8,
-        tiles start at multiples of 64 rows and work items at multiples of 128 keys from their
-        sequence's start, v columns of a sequence start 16-aligned (triton_quant).
+        QN/QR: descriptors of the same q as [Tq, span] with [64, 128] and [64, 64] boxes (head
+        h at column h * sq_h), read by the producer when Q_TMA (else Q's pointer loads).
+        Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128, BLOCK_N = 128 in fp8 (64 or
+        128 in 16-bit); in fp8, tiles start at multiples of 64 rows and work items at
+        multiples of 128 keys from their sequence's start, v columns of a sequence start
+        16-aligned (triton_quant).
         """
         gl.static_assert(BLOCK_M == 2 * HALF_G)
         gl.static_assert(BLOCK_N == 128 or not FP8)  # fp8: one k/v scale block a step
-        qn_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_G, NOPE_G], KV_DTYPE)
-        qr_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_G, ROPE_G], KV_DTYPE)
-        q_n = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, NOPE_G], qn_layout)
-        q_r = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, ROPE_G], qr_layout)
+        # q's buffers (one per consumer group) in its descriptors' layouts, the TMA boxes'
+        q_n = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, NOPE_G], QN.layout)
+        q_r = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, ROPE_G], QR.layout)
         kn_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_G], KN.layout)
         kr_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, ROPE_G], KR.layout)
         if FP8:  # v transposed, [Dv, keys] (the K-major B operand fp8 wgmma needs)
@@ -523,26 +561,31 @@ if gluon is not None:
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
 
         gl.warp_specialize([
             (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ready, empty,
-                         turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                         q_ready.index(0), q_empty.index(0), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8)),
+                         FP8, Q_TMA)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
-                         turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                         q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8)),
-            (_producer, (KN, KR, VT, kn_bufs, kr_bufs, vt_bufs, ready, empty, WorkInfo, Scales,
-                         vt_stride, num_units, num_tiles, num_sub, heads_pc, causal, order,
-                         kh_stride, vh_stride, BLOCK_M, BLOCK_N, NUM_STAGES, PERSISTENT, FP8)),
+                         FP8, Q_TMA)),
+            (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                         q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
+                         num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,
+                         BLOCK_N, NUM_STAGES, PERSISTENT, FP8, Q_TMA)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -72,7 +72,9 @@ class TileConfig:
     pingpong its two consumer warpgroups taking turns on the tensor cores, persistent one
     CTA per SM looping over the work (heads in L2-sized groups, longest first; else one CTA
     per unit), longest_first the one-CTA-per-unit grid taking each head's slices last to
-    first (measured -3..+1%: off).
+    first (measured -3..+1%: off), q_tma the q blocks loaded by the producer's TMA (once the
+    previous unit's last q k^T is done: the next unit's q overlaps this one's tail) instead of
+    by the consumers' pointer loads.
     """
 
     block_m: int = 128
@@ -85,6 +87,7 @@ class TileConfig:
     pingpong: bool = False
     persistent: bool = False
     longest_first: bool = False
+    q_tma: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -284,8 +287,8 @@ def run_prefill(
         use_tma = False
     if inputs.k.shape[0] == 0:
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
-    if config.gluon and not use_tma:
-        # the Gluon kernel loads k/v only through TMA; the Triton kernel covers the rest
+    if config.gluon and not (use_tma and (inputs.fp8 or _tma_ok(q, tq.NOPE + tq.ROPE))):
+        # the Gluon kernel loads k/v (and q) through TMA; the Triton kernel covers the rest
         config = default_config(device, inputs.fp8)
     if config.gluon:
         if not inputs.fp8:
@@ -359,6 +362,10 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
         vd = TensorDescriptor(v, [total_k, _tma_span(v)], [v.stride(0), 1], [bn, tq.DV], vt_l)
     kd = TensorDescriptor(k, [total_k, span], [k.stride(0), 1], [bn, tq.NOPE], kn_l)
     krd = TensorDescriptor(k, [total_k, span], [k.stride(0), 1], [bn, tq.ROPE], kr_l)
+    qn_l, qr_l = _gluon_q_layouts(kv_dtype)
+    q_span = _tma_span(q)
+    qnd = TensorDescriptor(q, [q.shape[0], q_span], [q.stride(0), 1], [64, tq.NOPE], qn_l)
+    qrd = TensorDescriptor(q, [q.shape[0], q_span], [q.stride(0), 1], [64, tq.ROPE], qr_l)
     num_sub = -(-plan.tile_q // config.block_m)
     num_tiles = plan.num_items * num_sub
     heads_pc = plan.num_heads // plan.num_clusters
@@ -368,7 +375,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
             else num_units,)
     lse_arg = lse if lse is not None else partial_lse
     ga.mla_prefill_gluon_kernel[grid](
-        q, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
+        q, qnd, qrd, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
         q.stride(0), q.stride(1), v.stride(0) if fp8 else 0, scales.stride(0) if fp8 else 0,
         q_scales.stride(0) if fp8 else 0,
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
@@ -379,7 +386,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
         KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        FP8=fp8, num_warps=ga.NUM_WARPS, maxnreg=ga.MAXNREG,
+        FP8=fp8, Q_TMA=config.q_tma, num_warps=ga.NUM_WARPS, maxnreg=ga.MAXNREG,
     )
 
 
@@ -393,6 +400,16 @@ def _gluon_order(config: TileConfig, plan: PrefillPlan, heads_pc: int, device,
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
     per_head = max(1, plan.total_k * (192 + 128) * kv_bytes)
     return max(1, min(heads_pc, (l2 or 50 << 20) // 2 // per_head))
+
+
+@functools.cache
+def _gluon_q_layouts(kv_dtype):
+    """Shared-memory layouts of a consumer group's q block (nope, rope): the kernel's q
+    buffers, which the q descriptors' TMA boxes fill."""
+    from triton.experimental.gluon import language as gl
+
+    return (gl.NVMMASharedLayout.get_default_for([64, 128], kv_dtype),
+            gl.NVMMASharedLayout.get_default_for([64, 64], kv_dtype))
 
 
 @functools.cache
