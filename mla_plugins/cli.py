@@ -230,7 +230,7 @@ def _flash_attn_table() -> Table:
     chosen = flash_attn.binding()
     for b in flash_attn.bindings():
         if b is chosen:
-            status = f"used: op {b.candidate.namespace}::fwd" + ("" if b.supports_fp8 else " (no fp8)")
+            status = "used: " + b.usage()
         elif b.usable:
             status = f"usable, not used ({chosen.name} comes first)"
         else:

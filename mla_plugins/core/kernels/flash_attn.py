@@ -192,14 +192,19 @@ class Binding:
         return (f"head dims {dqk}/{dv} not supported by FA3 (equal dims up to 256 in steps of 8, "
                 f"or {', '.join(f'{a}/{b}' for a, b in sorted(HEAD_DIM_PAIRS))})")
 
+    def usage(self) -> str:
+        """What a usable binding runs: its op, fp8 or not, and FA3's scheduler metadata
+        (made once per plan and mode, or why not)."""
+        ns = self.candidate.namespace
+        meta = (f", scheduler metadata from {ns}::get_scheduler_metadata once per plan and mode"
+                if self.metadata_op is not None else
+                f", no scheduler metadata ({self.metadata_reason or 'not looked at'})")
+        return f"op {ns}::fwd" + ("" if self.supports_fp8 else ", no fp8") + meta
+
     def describe(self) -> str:
         where = f"{self.candidate.module} ({self.version})" if self.version else self.candidate.module
         if self.usable:
-            ns = self.candidate.namespace
-            meta = (f", scheduler metadata from {ns}::get_scheduler_metadata once per plan and mode"
-                    if self.metadata_op is not None else
-                    f", no scheduler metadata ({self.metadata_reason or 'not looked at'})")
-            return f"{where}, op {ns}::fwd" + ("" if self.supports_fp8 else ", no fp8") + meta
+            return f"{where}, {self.usage()}"
         return f"{where}: " + "; ".join(self.reasons)
 
 
