@@ -120,8 +120,8 @@ def _recording(calls: list, tma: bool, permuted: bool):
                    rocm, rotate, rotation)}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
                (ga, "mla_prefill_gluon_kernel"), (th, "_head_bound_kernel"),
-               (th, "_head_cast_kernel"), (tk, "_can_tma"), (tq, "permuted_v"),
-               (tq, "quant_warps"), (tq, "on_rocm")]
+               (th, "_head_cast_kernel"), (th, "_gluon_cast_kernel"), (tk, "_can_tma"),
+               (tq, "permuted_v"), (tq, "quant_warps"), (tq, "on_rocm")]
     saved = [(mod, name, getattr(mod, name)) for mod, name in patched]
     try:
         for mod, name, fn in saved:
@@ -189,18 +189,28 @@ def record_heads(arch: str, *, rotate: bool, batch=BATCH, layout: str = "vllm",
                  rotation: str = tq.ROTATION) -> list:
     """The two launches of `triton_heads.quantize_heads` (the FA3 provider's quantization,
     which no host code of this package runs), on CPU tensors shaped as on the device: v as
-    vLLM passes it (a view of a wider tensor) by default."""
+    vLLM passes it (a view of a wider tensor) by default. `rotation="gluon"` (the Gluon cast,
+    `gluon_rotate`): on sm_90, where `triton_heads.gluon_reasons` is answered as on the GPU
+    (nothing stops it); nothing on ROCm, where the selection refuses it."""
     from tests.core.helpers import random_batch, vllm_v_view
 
+    cuda = arch.startswith("sm_")
+    if rotate and rotation == "gluon" and not cuda:
+        return []
     heads, lens = batch
     q, k, v, cq, ck = random_batch(lens, lens, heads)
     if layout == "vllm":
         v = vllm_v_view(v)
     splits = th.head_splits(max(lens), len(lens), heads, 132)
     calls: list = []
-    with _recording(calls, arch.startswith("sm_"), arch.startswith("sm_")):
-        th.quantize_heads(q, k, v, cq, ck, len(lens), max(lens), max(lens), splits,
-                          FP8_DTYPE[arch], rotate=rotate, rotation=rotation)
+    reasons = th.gluon_reasons
+    try:
+        th.gluon_reasons = lambda device: []
+        with _recording(calls, cuda, cuda):
+            th.quantize_heads(q, k, v, cq, ck, len(lens), max(lens), max(lens), splits,
+                              FP8_DTYPE[arch], rotate=rotate, rotation=rotation)
+    finally:
+        th.gluon_reasons = reasons
     return calls
 
 
@@ -235,6 +245,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
                 + (" q_tma" if c["Q_TMA"] else ""))
+    if fn.__name__ == "_gluon_cast_kernel":
+        return f"heads cast rotate gluon w{c['num_warps']}"
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
         part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
         return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}"

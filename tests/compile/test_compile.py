@@ -32,12 +32,47 @@ def test_compiles_without_spills(spec):
         "triton_attention.ARCH_CONFIGS (or the kernel's launch) for this arch"
     )
     rotating = "rotate" in spec.name and "bound" not in spec.name
-    if spec.arch == "sm_90" and (spec.gluon or (rotating and "kron" not in spec.name)):
+    mma_sync = rotating and ("kron" in spec.name or "gluon" in spec.name)
+    if spec.arch == "sm_90" and (spec.gluon or rotating) and not mma_sync:
         # the Gluon attention's products, and the dense rotation of q and k, on the tensor cores
         assert res.extra["wgmma"], f"{spec.name}: no wgmma (HGMMA/QGMMA) in its SASS"
-    if spec.arch == "sm_90" and rotating and "kron" in spec.name:
-        # the Kronecker rotation's batched 16 x 16 products: mma.sync on the tensor cores
+    if spec.arch == "sm_90" and mma_sync:
+        # the Kronecker rotation's 16 x 16 products (the Triton kron cast's batched ones, the
+        # Gluon cast's mma v2): mma.sync on the tensor cores
         assert res.extra["mma"], f"{spec.name}: no HMMA in its SASS"
+
+
+GLUON_CASTS = [s for s in SPECS if s.fn.__name__ == "_gluon_cast_kernel"]
+
+
+@pytest.mark.parametrize("spec", GLUON_CASTS, ids=lambda s: f"{s.arch}-{s.name}".replace(" ", "_"))
+def test_gluon_cast_keeps_values_in_registers(spec):
+    """The Gluon rotated cast (gluon_rotate) moves no value through shared memory and waits at
+    no barrier: no BAR, LDS, STS or SHFL anywhere in its SASS (its layouts' conversions are
+    renamings of registers, asserted trivial at compile time), and stage 1 is its 12 products
+    per step, 12 HMMA per n8 tile of rows a warp holds (ROWS_PER_WARP / 8)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    src = GluonASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs,
+                         attrs=spec.attrs)
+    k = triton.compile(src, target=aot.TARGETS[spec.arch], options=spec.options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([aot._tool("nvdisasm"), f.name], capture_output=True, text=True,
+                              check=True).stdout
+    for op in ("BAR", "LDS", "STS", "SHFL"):
+        found = re.findall(rf"\b{op}(?:\.\w+)*\b", sass)
+        assert not found, f"{spec.name}: {len(found)} {op} in its SASS"
+    assert k.metadata.shared == 0, f"{spec.name}: {k.metadata.shared} bytes of shared memory"
+    per_warp = spec.constexprs[(spec.fn.arg_names.index("ROWS_PER_WARP"),)]
+    hmma = len(re.findall(r"\bHMMA\b", sass))
+    assert hmma == 12 * per_warp // 8, f"{spec.name}: {hmma} HMMA, expected {12 * per_warp // 8}"
 
 
 @pytest.mark.parametrize("arch", list(aot.TARGETS))
@@ -66,6 +101,7 @@ def test_every_kernel_is_covered():
 
     from mla_plugins.core.kernels import (
         gluon_attention,
+        gluon_rotate,
         triton_attention,
         triton_heads,
         triton_quant,
@@ -74,7 +110,7 @@ def test_every_kernel_is_covered():
 
     launched = {s.fn.__name__ for s in SPECS}
     jit = {name: obj for mod in (triton_attention, triton_quant, triton_reduce, gluon_attention,
-                                 triton_heads)
+                                 triton_heads, gluon_rotate)
            for name, obj in vars(mod).items()
            if type(obj).__name__ in ("JITFunction", "GluonJITFunction")}
     sources = {name: fn.src for name, fn in jit.items()}
@@ -83,7 +119,8 @@ def test_every_kernel_is_covered():
                      if other != name)
         assert called or name in launched, f"{name} is a kernel no recorded launch compiles"
     assert {"mla_prefill_kernel", "mla_prefill_gluon_kernel", "_quant_qkv_kernel",
-            "_reduce_kernel", "_head_bound_kernel", "_head_cast_kernel"} <= launched
+            "_reduce_kernel", "_head_bound_kernel", "_head_cast_kernel",
+            "_gluon_cast_kernel"} <= launched
 
 
 @pytest.mark.parametrize("arch", list(aot.TARGETS))

@@ -544,3 +544,55 @@ def test_rotation_knob_is_checked():
     with pytest.raises(ValueError, match="rotation: found 'Kron'"):
         th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 1, STORE, rotate=True, rotation="Kron")
     assert tq.ROTATION == "dense", "the default changes only once the device has timed both"
+
+
+def test_gluon_math_is_the_rotation():
+    """The Gluon cast's arithmetic (gluon_rotate), replayed in float64 with torch: its
+    operands (`gluon_operand`, bf16 and fp16 alike), the transpose and permutations of
+    `_to_operand` and `_from_accumulator` (the same dims, torch's reshape/permute meaning what
+    Gluon's do), the H12 network `_h12` with its three negated outputs scaled by -1: x M of
+    fp8.rotation_pm1, to float64 rounding."""
+    from mla_plugins.core.kernels import gluon_rotate as gr
+
+    if gr.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    rows = 32
+    x = torch.randn(rows, 192, dtype=torch.float64)
+    for dtype in (torch.bfloat16, torch.float16):
+        ops = gr.gluon_operand(dtype).double()
+        assert ((ops == 1) | (ops == -1)).all()
+        z = []
+        for a in range(12):
+            xt = x[:, 16 * a:16 * a + 16].permute(1, 0).reshape(2, 2, 2, 2, rows)
+            z.append(ops[a] @ xt.permute(2, 0, 1, 3, 4).reshape(16, rows))  # _to_operand
+        y = list(gr._h12.fn(*z))
+        out = torch.empty(rows, 192, dtype=torch.float64)
+        for c in range(12):
+            sign = -1.0 if c in (0, 8, 9) else 1.0  # _store_groups: -c for these
+            y5 = (sign * y[c]).reshape(2, 2, 2, 2, rows)  # _from_accumulator
+            out[:, 16 * c:16 * c + 16] = y5.permute(1, 2, 3, 0, 4).reshape(16, rows).T
+        want = x @ fp8.rotation_pm1(torch.float64)
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    # the slot orders the module doc states
+    assert [gr.PERM[k] for k in (0, 1, 8, 9)] == [0, 1, 2, 3]
+    assert gr.OUT_PERM[:2] == (0, 2) and gr.OUT_PERM[8] == 1
+
+
+def test_gluon_rotation_is_refused_where_it_cannot_run():
+    """rotation="gluon" runs on NVIDIA GPUs only: here (no GPU, the interpreter) the per-head
+    cast refuses it naming `rotation` and why, and the block rule's quantize_qkv, which has no
+    Gluon cast, refuses it everywhere."""
+    from mla_plugins.core.kernels import triton_heads as th
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, v, cq, ck = batch(bad=False)
+    assert "gluon" in tq.ROTATIONS
+    reasons = th.gluon_reasons(q.device)
+    assert any("TRITON_INTERPRET" in r for r in reasons) and any("cpu" in r for r in reasons)
+    with pytest.raises(ValueError, match="rotation: found 'gluon', which cannot run here"):
+        th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 1, STORE, rotate=True, rotation="gluon")
+    with pytest.raises(ValueError, match="rotation: found 'gluon', implemented for the per-head"):
+        qkv(q, k, v, cq, ck, rotate=True, rotation="gluon")
+    # not rotated, the rotation is not read
+    th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 1, STORE, rotate=False, rotation="gluon",
+                      fp8_max=LIMIT)

@@ -13,7 +13,8 @@ cast, so two launches (the amax rule's floor: inputs read twice, fp8 written onc
   sequence), writes it to `descales [3, B, H]` (q, k, v) from the sequence's first block,
   and casts its rows (q and k rotated with `rotate`, as `triton_quant`'s block rule does
   it: `rotation="dense"`, x @ M on the tensor cores with M in shared memory, or "kron",
-  Kronecker tiles of 16 x 16 products, `triton_quant.kron_to_fp8`).
+  Kronecker tiles of 16 x 16 products, `triton_quant.kron_to_fp8`); with "gluon" pass 2 is
+  `gluon_rotate`'s Gluon kernel instead (the same grid, descales and outputs, NVIDIA GPUs).
 
 Layouts written are the natural ones FA3 reads: q8 [Tq, H, 192], k8 [Tk, H, 192] (rotated
 with `rotate`), v8 [Tk, H, 128], contiguous. Inputs may be strided views (token and head
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from . import gluon_rotate as gr
 from . import triton_quant as tq
 
 try:
@@ -39,10 +41,15 @@ try:
 except ImportError:  # pragma: no cover - the provider reports "triton is not installed"
     triton = None
 
+#: the cast of `rotation="gluon"` (gluon_rotate), a name of this module so that
+#: `triton_launch.wrap_kernels(triton_heads)` records and replays it with the others
+_gluon_cast_kernel = gr._gluon_cast_kernel if gr.gluon is not None else None
+
 #: rows of one tile (pass 1) and of one cast block (pass 2)
 HEAD_BLOCK = 64
 #: the most chunks a sequence is cut into in pass 1 (pass 2 reduces them as one vector)
 MAX_SPLITS = 32
+assert gr.MAX_SPLITS == MAX_SPLITS
 #: rows below which a chunk is not worth its own program (head_splits)
 MIN_CHUNK = 256
 #: pass-2 blocks one program casts in turn; rotated, each program first fills shared memory
@@ -274,6 +281,12 @@ if triton is not None:
                                      to_fp8(x, inv, FP8_MAX, out_ty), mask=ok)
 
 
+def gluon_reasons(device: torch.device) -> list[str]:
+    """Why `rotation="gluon"` cannot run on `device` (`gluon_rotate.gluon_reasons`; empty:
+    it can). A name of this module, which the compile recorder answers for sm_90."""
+    return gr.gluon_reasons(device)
+
+
 def head_splits(max_len: int, batch: int, heads: int, sms: int) -> int:
     """`splits` for `quantize_heads`: enough chunks per sequence that pass 1 runs ~4
     programs per SM (`sms` multiprocessors), none shorter than MIN_CHUNK rows of the
@@ -331,11 +344,13 @@ def quantize_heads(
     kron_rows: int = tq.KRON_ROWS,
     sms: int | None = None,
     stages: int | None = None,
+    rows_per_warp: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
-    `rotate`, as `rotation` says: "dense" or "kron", `triton_quant.ROTATIONS`) and v in two
-    launches (module doc).
+    `rotate`, as `rotation` says: "dense", "kron" or "gluon", `triton_quant.ROTATIONS`) and v
+    in two launches (module doc; "gluon": pass 2 is `gluon_rotate._gluon_cast_kernel`, on
+    NVIDIA GPUs only, ValueError naming `rotation` elsewhere, `gluon_reasons`).
 
     q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128]: bf16/fp16, any token and head strides,
     contiguous features. `cu_seqlens_*` int32 on q's device; `batch`, the longest lengths
@@ -349,17 +364,28 @@ def quantize_heads(
     float32 sums. `sms` (the device's SM count) lets the dense rotated cast take
     `rotated_blocks` blocks per program (None: BLOCKS_ROTATED). `stages` > 1 pipelines the
     q and k blocks of a program (`_head_cast_kernel`; None: STAGES_ROTATED at WARPS_ROTATED
-    warps for the dense rotation on CUDA, else STAGES, or 1 with "kron").
+    warps for the dense rotation on CUDA, else STAGES, or 1 with "kron" and "gluon").
+    With "gluon", `num_warps` is the cast's alone (`gluon_rotate.NUM_WARPS` by default) and
+    pass 1 runs as the dense rotation's (WARPS_ROTATED); `rows_per_warp` (8 or 16, default
+    `gluon_rotate.ROWS_PER_WARP`) is the rows each warp casts per step; the bytes do not
+    depend on either.
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
     kron = tq.check_rotation(rotation, kron_rows)
+    glu = bool(rotate) and tq.current_rotation(rotation) == "gluon"
+    if glu:
+        reasons = gluon_reasons(q.device)
+        if reasons:
+            raise ValueError("rotation: found 'gluon', which cannot run here ("
+                             + "; ".join(reasons) + "); pass rotation='dense' or 'kron'")
     # the dense rotation on CUDA: the pipelined cast at 8 warps (measured, STAGES_ROTATED)
-    tuned = bool(rotate) and not kron and not tq.on_rocm(q.device)
+    tuned = bool(rotate) and not kron and not glu and not tq.on_rocm(q.device)
     if stages is None:
-        stages = STAGES_ROTATED if tuned else 1 if rotate and kron else STAGES
-    if stages < 1 or (stages > 1 and rotate and kron):
-        raise ValueError(f"stages: found {stages}, expected 1 or more, and 1 with rotation='kron'")
+        stages = STAGES_ROTATED if tuned else 1 if rotate and (kron or glu) else STAGES
+    if stages < 1 or (stages > 1 and rotate and (kron or glu)):
+        raise ValueError(f"stages: found {stages}, expected 1 or more, and 1 with rotation="
+                         f"'{tq.current_rotation(rotation)}'")
     for name, x, width in (("q", q, tq.NOPE + tq.ROPE), ("k", k, tq.NOPE + tq.ROPE), ("v", v, tq.DV)):
         if x.dim() != 3 or x.shape[2] != width or x.stride(2) != 1:
             raise ValueError(f"{name}: found shape {tuple(x.shape)} with strides {x.stride()}, "
@@ -374,10 +400,12 @@ def quantize_heads(
         return q8, k8, v8, descales, partials
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
-    if num_warps is not None:
+    if num_warps is not None and not glu:
         warps = num_warps
     else:
-        warps = WARPS_ROTATED if tuned else tq.quant_warps(q.device, rotate, rotation)
+        # gluon: pass 1 as the dense rotation's on CUDA, so the partials (each row's float32
+        # l1 sum, in an order the warps decide) and the descales are its bits
+        warps = WARPS_ROTATED if tuned or glu else tq.quant_warps(q.device, rotate, rotation)
     _head_bound_kernel[(splits, batch, heads // hpp)](
         q, k, v, cu_seqlens_q, cu_seqlens_k, partials, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), batch, heads, splits,
@@ -385,17 +413,36 @@ def quantize_heads(
     )
     if blocks is None:
         # dense: M's 72 KB load per program, which more blocks amortize (`rotated_blocks`
-        # where the caller gives the SM count `sms`); kron: 1.5 KB
+        # where the caller gives the SM count `sms`); gluon: its 6 KB of operands, the
+        # same way (not measured apart); kron: 1.5 KB
         if rotate and not kron:
             blocks = (BLOCKS_ROTATED if sms is None else
                       rotated_blocks(max_seqlen_q, max_seqlen_k, batch, heads // hpp, sms))
         else:
             blocks = BLOCKS
     rows = HEAD_BLOCK * blocks
+    cast_warps = (num_warps or gr.NUM_WARPS) if glu else warps
+    if glu:
+        per_warp = gr.ROWS_PER_WARP if rows_per_warp is None else rows_per_warp
+        step = per_warp * cast_warps
+        if per_warp not in (8, 16) or rows % step:
+            raise ValueError(f"rows_per_warp: found {per_warp} at {cast_warps} warps, expected "
+                             f"8 or 16 with steps of rows_per_warp * num_warps rows dividing "
+                             f"the {rows} rows of {blocks} blocks")
     # at least one program per sequence and tensor: an empty sequence still writes descales
     n_q = max(1, -(-max_seqlen_q // rows))
     n_k = max(1, -(-max_seqlen_k // rows))
     rot = tq.rotation_operand(q.device, q.dtype, rotation) if rotate else q
+    if glu:
+        _gluon_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
+            q, k, v, q8, k8, v8, descales, cu_seqlens_q, cu_seqlens_k, partials, rot,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            batch, heads, splits, n_q, n_k,
+            FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, BLOCKS=rows // step,
+            ROWS_PER_WARP=per_warp, SATURATES=limit == float(torch.finfo(fp8_dtype).max),
+            num_warps=cast_warps,
+        )
+        return q8, k8, v8, descales, partials
     _head_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
         q, k, v, q8, k8, v8, descales, cu_seqlens_q, cu_seqlens_k, partials, rot,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

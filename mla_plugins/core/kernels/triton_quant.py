@@ -124,10 +124,12 @@ QKV_PROGRAMS_PER_SM = 4
 #: q/k/v in one launch rotated 1.45 TB/s kron against 1.33 dense (unrotated 2.8), the
 #: per-head pair 1.57-1.99 against 1.68-1.96 (unrotated 3.2-3.8); end to end through FA3 kron
 #: cost more than dense, through ours a little less: "dense" stays the default. Neither
-#: reaches the unrotated rate, whatever the occupancy. `rotation=None` everywhere means
-#: ROTATION, read at the call (benchmarks/rotation_cost.py switches it; the providers'
-#: replay keys hold it).
-ROTATIONS = ("dense", "kron")
+#: reaches the unrotated rate, whatever the occupancy. "gluon": the Kronecker form written in
+#: Gluon with explicit layouts (`gluon_rotate`), for the per-head cast only
+#: (`triton_heads.quantize_heads`, NVIDIA GPUs; `quantize_qkv` refuses it). `rotation=None`
+#: everywhere means ROTATION, read at the call (benchmarks/rotation_cost.py switches it; the
+#: providers' replay keys hold it).
+ROTATIONS = ("dense", "kron", "gluon")
 ROTATION = "dense"
 #: rows of one Kronecker tile (`kron_cast`, `kron_rows=`: 16, 32 or 64). Compiled for sm_90
 #: (tests/compile/aot.py) at 16 warps, quant_qkv / heads cast took 60 / 52 registers at 16
@@ -787,7 +789,8 @@ def kron_operand(dtype: torch.dtype, device=None) -> torch.Tensor:
 def rotation_operand(device: torch.device, dtype: torch.dtype,
                      rotation: str | None = None) -> torch.Tensor:
     """The rotation's device operand in `dtype` (bf16/fp16: its entries are exact) on `device`:
-    M = `fp8.rotation_pm1()` [192, 192] for "dense", `kron_operand` [3, 16, 16] for "kron";
+    M = `fp8.rotation_pm1()` [192, 192] for "dense", `kron_operand` [3, 16, 16] for "kron",
+    `gluon_rotate.gluon_operand` [12, 16, 16] for "gluon";
     made once per (device, dtype, rotation) and kept: a launch recorded for replay
     (triton_launch) may point at it for the life of the process. Make it before recording
     (its first creation copies to the device)."""
@@ -798,7 +801,12 @@ def rotation_operand(device: torch.device, dtype: torch.dtype,
     key = (device, dtype, rotation)
     m = _ROTATIONS.get(key)
     if m is None:
-        made = kron_operand(dtype, device) if kron else rotation_pm1(dtype, device).contiguous()
+        if rotation == "gluon":
+            from .gluon_rotate import gluon_operand
+
+            made = gluon_operand(dtype, device)
+        else:
+            made = kron_operand(dtype, device) if kron else rotation_pm1(dtype, device).contiguous()
         m = _ROTATIONS.setdefault(key, made)
     return m
 
@@ -850,6 +858,10 @@ def quantize_qkv(
     default, which is what the attention kernels read.
     """
     kron = check_rotation(rotation, kron_rows)
+    if rotate and current_rotation(rotation) == "gluon":
+        raise ValueError("rotation: found 'gluon', implemented for the per-head cast only "
+                         "(triton_heads.quantize_heads, the FA3 provider's); pass "
+                         "rotation='dense' or 'kron' to the block rule's quantize_qkv")
     total_k, heads = k.shape[0], k.shape[1]
     total_q = 0 if q is None else q.shape[0]
     t_pad = vt_padded_len(total_k, batch)
