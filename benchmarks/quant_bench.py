@@ -20,7 +20,7 @@ the bf16 inputs read once and fp8 written once (block rule: 3 bytes an element),
 (`heads`: 5 bytes an element), plus scales.
 
     PYTHONPATH=. python benchmarks/quant_bench.py [--only kv,qkv,heads] [--rotate-only]
-        [--amortized]
+        [--amortized] [--gluon]
 
 `--rotate-only`: unrotated, only the default configuration is timed (the ceiling the
 rotated rows compare with); rotated, the default (dense) and the kron configurations, not
@@ -28,6 +28,11 @@ the dense one's other knobs (timed by the call of 2026-12-02, benchmarks/NOTES.m
 dense-against-kron call: `--only heads,qkv --rotate-only` (~1-2 minutes on an H200, most
 of it compiling; the time taken is printed at the end). `--amortized`: the rotated casts
 that load M once for more rows (AMORTIZED_CONFIGS), the unrotated defaults beside them.
+`--gluon`: the per-head pair alone, unrotated, then rotated as the FA3 provider calls it
+(`sms` given: the dense cast at `rotated_blocks`, 3 stages, 8 warps) beside "kron" and the
+Gluon cast (`rotation="gluon"`, gluon_rotate) with its knobs (GLUON_CONFIGS); the byte check
+compares each with the provider's dense call (values at rounding ties only, never the
+descales, partials or v8).
 """
 
 from __future__ import annotations
@@ -84,6 +89,15 @@ UNROTATED_AMORTIZED = {
     "heads": [dict(), dict(stages=2), dict(stages=3), dict(blocks=4, stages=3)],
     "qkv": [dict(), dict(kv_blocks=2), dict(kv_blocks=4)],
 }
+#: `--gluon`: the per-head pair rotated, the FA3 provider's call first (SMS: the device's SM
+#: count, as the provider passes it), then the Kronecker cast in Triton and in Gluon, the
+#: latter with its knobs (64-row blocks a program, warps, rows a warp casts per step)
+SMS = "sms"
+GLUON_CONFIGS = [dict(rotation="dense", sms=SMS), dict(rotation="kron"),
+                 dict(rotation="gluon", sms=SMS), dict(rotation="gluon", blocks=2),
+                 dict(rotation="gluon", blocks=16), dict(rotation="gluon", sms=SMS, num_warps=8),
+                 dict(rotation="gluon", sms=SMS, rows_per_warp=16),
+                 dict(rotation="gluon", sms=SMS, num_warps=2)]
 #: do_bench's warmup and repetition times (ms): short, the kernels take 0.05-2 ms
 WARMUP_MS, REP_MS = 10, 50
 SHAPES = {"B8-S2048-H128": ([2048] * 8, 128), "B1-S8192-H128": ([8192], 128),
@@ -128,6 +142,8 @@ def inputs(lens, heads):
 
 def run(variant, rotate, q, k, v, cu, lens, out, splits, config):
     n, m = len(lens), max(lens)
+    if config.get("sms") == SMS:
+        config = dict(config, sms=torch.cuda.get_device_properties(0).multi_processor_count)
     if variant == "kv":
         return tq.quantize_kv(k, v, cu, n, m, FP8, out=out, rotate=rotate, **config)
     if variant == "qkv":
@@ -141,8 +157,10 @@ def differing_bytes(a, b):
             for x, y in zip(a, b, strict=True) if x is not None]
 
 
-def configs(variant, rotate, rotate_only, amortized=False):
+def configs(variant, rotate, rotate_only, amortized=False, gluon=False):
     """The configurations run for (variant, rotate); the first is the default."""
+    if gluon:
+        return GLUON_CONFIGS if rotate else CONFIGS[variant][:1]
     if amortized:
         return AMORTIZED_CONFIGS[variant] if rotate else UNROTATED_AMORTIZED[variant]
     if not rotate:
@@ -170,8 +188,12 @@ def main():
     ap.add_argument("--amortized", action="store_true",
                     help="heads and qkv: the unrotated default, then the rotated "
                          "AMORTIZED_CONFIGS")
+    ap.add_argument("--gluon", action="store_true",
+                    help="heads only: the unrotated default, then the rotated GLUON_CONFIGS "
+                         "(dense as the FA3 provider calls it, kron, the Gluon cast)")
     args = ap.parse_args()
-    variants = ["heads", "qkv"] if args.amortized else args.only.split(",")
+    variants = (["heads"] if args.gluon else ["heads", "qkv"] if args.amortized
+                else args.only.split(","))
     unknown = sorted(set(variants) - set(CONFIGS))
     if unknown:
         ap.error(f"--only: found {','.join(unknown)}, expected some of {','.join(CONFIGS)}")
@@ -180,7 +202,7 @@ def main():
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}, {sms} SMs")
     for variant in variants:
         for rotate in (False, True):
-            chosen = configs(variant, rotate, args.rotate_only, args.amortized)
+            chosen = configs(variant, rotate, args.rotate_only, args.amortized, args.gluon)
             if len(chosen) < 2:
                 continue  # nothing to compare with the default
             for name, (lens, heads) in CHECKS.items():
@@ -200,7 +222,7 @@ def main():
         for rotate in (False, True):
             for name, (lens, heads) in SHAPES.items():
                 _time(variant, rotate, name, lens, heads, sms,
-                      configs(variant, rotate, args.rotate_only, args.amortized))
+                      configs(variant, rotate, args.rotate_only, args.amortized, args.gluon))
         print(f"{variant} timed at {time.perf_counter() - start:.0f} s")
 
 

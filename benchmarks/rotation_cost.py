@@ -7,7 +7,8 @@ most 3% slower with the rotation at the four large shapes, 5% at the small ones.
 provider (`flash_attn`: FA3 after `triton_heads.quantize_heads`; `triton`: ours after
 `triton_quant.quantize_qkv`), one plan, `mla_prefill(..., fp8=True, fp8_rotate=...)` replayed
 from a CUDA graph: unrotated, rotated with each implementation of `triton_quant.ROTATIONS`
-(selected through `triton_quant.ROTATION`, which the providers read per call). Three rounds,
+(selected through `triton_quant.ROTATION`, which the providers read per call; "gluon", the
+per-head cast in Gluon, through FA3 only: ours refuses it, RUNS). Three rounds,
 the variants interleaved, median per variant; errors against float64 on the outlier recipe
 (features 7 and 128-131 of q and k scaled by 10) beside each.
 """
@@ -28,6 +29,8 @@ from prefill import SHAPES as PREFILL_SHAPES  # noqa: E402
 
 #: the four large and the three small shapes of the benchmark (the chunked ones left out)
 SHAPES = [s for s in PREFILL_SHAPES if not s[0].startswith("chunked")]
+#: the rotations a provider runs: the block rule's quantize_qkv (ours) has no Gluon cast
+RUNS = {"flash_attn": ("dense", "kron", "gluon"), "triton": ("dense", "kron")}
 OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 
 
@@ -75,7 +78,8 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
         except Exception as exc:  # noqa: BLE001 - a measurement: say why and go on
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             continue
-        variants = [("plain", False, None, None)] + [(f"rot_{r}", True, r, None) for r in rotations]
+        variants = [("plain", False, None, None)] + [(f"rot_{r}", True, r, None) for r in rotations
+                                                     if r in RUNS.get(kernel, (r,))]
         if kernel == "flash_attn":  # the per-head cast's rows per program and pipeline
             # stages (their own plan each: a plan's recorded launches hold their grid and
             # constexprs)
