@@ -94,7 +94,8 @@ UNROTATED_AMORTIZED = {
 #: latter with its knobs (64-row blocks a program, warps, rows a warp casts per step)
 SMS = "sms"
 GLUON_CONFIGS = [dict(rotation="dense", sms=SMS), dict(rotation="kron"),
-                 dict(rotation="gluon", sms=SMS), dict(rotation="gluon", blocks=2),
+                 dict(rotation="gluon", sms=SMS), dict(rotation="gluon", blocks=1),
+                 dict(rotation="gluon", blocks=2),
                  dict(rotation="gluon", blocks=16), dict(rotation="gluon", sms=SMS, num_warps=8),
                  dict(rotation="gluon", sms=SMS, rows_per_warp=16),
                  dict(rotation="gluon", sms=SMS, num_warps=2)]
