@@ -24,6 +24,8 @@
 #                                         # FA3's FP8 forward, one launch each, B1-S8192-H128
 #   bash benchmarks/device_run.sh gluon16 # the Gluon 16-bit kernel: its GPU tests, its variants
 #                                         # at every shape beside FA3 bf16 (prefill.py --variants --bf16)
+#   bash benchmarks/device_run.sh dev28   # every GPU test, the q_tma variants (fp8, 16-bit), the
+#                                         # Gluon rotation cast's rate and cost through FA3
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -32,7 +34,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -64,9 +66,10 @@ all_gpu_tests() {
         -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
     tail -"$2" "$out/gpu-tests.log"
 }
-# one line per row of prefill.py --variants' log (shape, variant, error, GPU-time TFLOP/s)
+# one line per row of prefill.py --variants' log $1 (default variants.log): shape, variant,
+# error, GPU-time TFLOP/s
 summarize_variants() {
-    python3 - "$out/variants.log" <<'PY'
+    python3 - "${1:-$out/variants.log}" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     if line.startswith("{"):
@@ -183,6 +186,27 @@ case "$stage" in
             > "$out/variants.log" 2>&1 || status=1
         summarize_variants
         ;;
+    dev28)
+        # stop 28's second call: every GPU test on the tree (FA3 scheduler metadata, the Gluon
+        # 16-bit kernel, q by TMA, the Gluon rotation cast), the q_tma variants in fp8 and
+        # 16-bit, the Gluon rotation cast's rate (quant_bench --gluon) and its end-to-end cost
+        # through FA3 at the large shapes
+        all_gpu_tests 260 30
+        timeout 80 python3 benchmarks/prefill.py --variants --out "$out/h200-variants-qtma.json" \
+            --shapes B1-S8192-H128,B4-S4096-H16,B8-S2048-H128,B16-S512-H16 \
+            > "$out/variants-fp8.log" 2>&1 || status=1
+        summarize_variants "$out/variants-fp8.log"
+        timeout 70 python3 benchmarks/prefill.py --variants --bf16 --out "$out/h200-variants-bf16-qtma.json" \
+            --shapes B1-S8192-H128,B8-S2048-H128,B1-S1024-H16,B1-S2048-H8,B16-S512-H16,chunked-q512-k8192-H128 \
+            > "$out/variants-bf16.log" 2>&1 || status=1
+        summarize_variants "$out/variants-bf16.log"
+        timeout 60 python3 benchmarks/quant_bench.py --gluon > "$out/quant-bench-gluon.log" 2>&1 || status=1
+        grep -E "TB/s|differing" "$out/quant-bench-gluon.log" | tail -30
+        timeout 90 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations dense,gluon \
+            --shapes B1-S8192-H128,B4-S4096-H16,B1-S16384-H16,B8-S2048-H128 \
+            --out "$out/h200-rotation-gluon.json" > "$out/rotation-cost-gluon.log" 2>&1 || status=1
+        tail -12 "$out/rotation-cost-gluon.log"
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -190,7 +214,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
