@@ -295,7 +295,7 @@ def variant_configs(fp8: bool) -> dict:
     if fp8:
         configs = {"triton 64x64 w4 s4": FP8_CONFIG}
         base, shapes = GLUON_FP8_CONFIG, ((128, 4, False, False, False), (128, 4, False, True, False),
-                                          (128, 4, False, False, True), (128, 4, False, True, True))
+                                          (128, 4, False, False, True))
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
         base, shapes = GLUON_BF16_CONFIG, ((64, 4, True, False, False), (64, 4, True, False, True),

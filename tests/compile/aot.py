@@ -273,14 +273,14 @@ def scenarios(arch: str) -> list[dict]:
                 # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
                 dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
                 dict(fp8=True, config=replace(g, pingpong=True)),
-                dict(fp8=True, config=replace(g, persistent=True)),
+                dict(fp8=True, config=replace(g, persistent=True, q_tma=False)),
                 # the Gluon kernel on 16-bit inputs: packed, vLLM's v view, persistent
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, layout="vllm"),
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, persistent=True)),
-                # q loaded by the producer's TMA (TileConfig.q_tma)
-                dict(fp8=True, config=replace(g, q_tma=True)),
-                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=True), layout="vllm")]
+                # q loaded by the consumers (TileConfig.q_tma off, prefill.py --variants)
+                dict(fp8=True, config=replace(g, q_tma=False)),
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=False), layout="vllm")]
     else:
         runs = []
         for fp8 in (True, False):

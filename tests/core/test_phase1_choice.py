@@ -60,7 +60,7 @@ def test_gluon_only_for_long_slices(monkeypatch):
     # one sequence of 2048: short slices; eight: the persistent Gluon kernel
     assert tk.batch_config(dev, True, _cu([2048]), _cu([2048]), True) == tk.FP8_CONFIG
     several = tk.batch_config(dev, True, _cu([2048] * 8), _cu([2048] * 8), True)
-    assert several.gluon and several.persistent
+    assert several.gluon and several.persistent and not several.q_tma
     for cu in (long_cu, short_cu, _cu([2048] * 8), _cu([1])):
         assert tk.batch_config(dev, False, cu, cu, True) is tk.GLUON_BF16_CONFIG
     # a short query over a long cached prefix: long slices

@@ -27,13 +27,13 @@ CASES = LENGTH_CASES
 
 
 @pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent",
-                                      "gluon-q-tma"])
+                                      "gluon-q-loads"])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
     Gluon kernel, fp8 and 16-bit, for every batch (its length thresholds at 0, so short test
     batches reach it too), one CTA per unit in plan order and with each head's slices taken
     last to first, persistent for batches of several sequences (its default there), and
-    with the q blocks loaded by the producer's TMA."""
+    with the q blocks loaded by the consumers (q_tma off; the producer's TMA by default)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
@@ -47,10 +47,11 @@ def phase1(request, monkeypatch, device):
                              ("GLUON_BF16_MIN_MEAN_KEYS", "GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS")):
             monkeypatch.setattr(tk, one, 0)
             monkeypatch.setattr(tk, several, persistent)
-        knob = {"gluon-longest-first": "longest_first", "gluon-q-tma": "q_tma"}.get(request.param)
+        knob = {"gluon-longest-first": {"longest_first": True},
+                "gluon-q-loads": {"q_tma": False}}.get(request.param)
         if knob:
             for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
-                monkeypatch.setattr(tk, name, replace(getattr(tk, name), **{knob: True}))
+                monkeypatch.setattr(tk, name, replace(getattr(tk, name), **knob))
     else:
         for name in ("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS",
                      "GLUON_BF16_MIN_MEAN_KEYS", "GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS"):

@@ -94,14 +94,18 @@ class TileConfig:
 #: other archs: `default_config` (triton_attention.ARCH_CONFIGS)
 FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-#: Hopper fp8 (sm_90): the Gluon kernel
-GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True)
+#: Hopper fp8 (sm_90): the Gluon kernel, q by the producer's TMA (H200, stop 28, attention
+#: alone in GPU time: +1-3% at B1-S8192-H128, B4-S4096-H16, B8-S2048-H128, B16-S512-H16);
+#: persistent without it (`batch_config`: with it ptxas spills 4 words there, for +-2%)
+GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True,
+                              q_tma=True)
 #: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 64-key steps over four
 #: stages, the two consumer warpgroups taking turns (H200, stop 28, GPU time: 1.10-1.20x the
 #: portable kernel at every shape; pingpong +0-2.5% at 8 of 10 shapes, -1% at two; 128-key
-#: steps over two stages 0.62-0.82x FA3 bf16 against 0.79-1.06x; benchmarks/NOTES.md)
+#: steps over two stages 0.62-0.82x FA3 bf16 against 0.79-1.06x; q by the producer's TMA
+#: +1-5% at five of six shapes, -1% at B1-S1024-H16; benchmarks/NOTES.md)
 GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=4, gluon=True,
-                               pingpong=True)
+                               pingpong=True, q_tma=True)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
@@ -178,7 +182,7 @@ def batch_config(device: torch.device, fp8: bool, cu_q, cu_k, causal: bool) -> T
             config, one = GLUON_BF16_CONFIG, GLUON_BF16_MIN_MEAN_KEYS
             several = GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS
         if len(cu_q) > 2 and keys >= several:
-            return replace(config, persistent=True)
+            return replace(config, persistent=True, q_tma=False)
         if keys >= one:
             return config
     return default_config(device, fp8)
