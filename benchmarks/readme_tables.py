@@ -91,11 +91,14 @@ def serving_table(result: dict) -> str:
 def host_table(result: dict) -> str:
     """benchmarks/host_fa3.py's pieces of host time (µs per call)."""
     head = ("shape", "fp8", "FA3 op (prebuilt args)", "op, num_splits 1", "op, scheduler metadata",
-            "provider", "provider, lse", "FA3 public", "GPU µs: op / provider")
+            "provider", "provider, no metadata", "provider, lse", "FA3 public",
+            "GPU µs: op / provider / provider, no metadata")
+    us = lambda r, k: _f((r.get(k) or 0) * 1e3, 1)  # noqa: E731
     rows = [(r["shape"], str(r["fp8"]), _f(r.get("raw_us"), 1), _f(r.get("raw_split1_us"), 1),
-             _f(r.get("raw_sched_us"), 1), _f(r.get("provider_us"), 1), _f(r.get("provider_lse_us"), 1),
+             _f(r.get("raw_sched_us"), 1), _f(r.get("provider_us"), 1),
+             _f(r.get("provider_nosched_us"), 1), _f(r.get("provider_lse_us"), 1),
              _f(r.get("public_us"), 1),
-             f"{_f((r.get('raw_gpu_ms') or 0) * 1e3, 1)} / {_f((r.get('provider_gpu_ms') or 0) * 1e3, 1)}")
+             f"{us(r, 'raw_gpu_ms')} / {us(r, 'provider_gpu_ms')} / {us(r, 'provider_nosched_gpu_ms')}")
             for r in result["rows"]]
     return _table(head, rows)
 
