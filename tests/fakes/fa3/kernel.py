@@ -601,14 +601,7 @@ def register(build: Build) -> torch.library.Library:
     calls = CALLS.setdefault(build.namespace, [])
 
     def fwd(*args, **kwargs):
-        values = list(args)
-        for arg in arguments[len(values):]:  # the dispatcher drops trailing defaults
-            if arg.name in kwargs:
-                values.append(kwargs[arg.name])
-            elif arg.has_default_value():
-                values.append(arg.default_value)
-            else:
-                raise TypeError(f"fake {build.namespace}::fwd: missing argument {arg.name}")
+        values = _all_values(arguments, args, kwargs, f"fake {build.namespace}::fwd")
         calls.append(values)
         result = forward(build, {arg.name: value for arg, value in zip(arguments, values, strict=True)})
         if as_list:
@@ -622,6 +615,20 @@ def register(build: Build) -> torch.library.Library:
     return lib
 
 
+def _all_values(arguments, args, kwargs, who: str) -> list:
+    """Every schema argument's value of one call: the positional ones, then by name or the
+    schema's default (the dispatcher drops trailing defaults before a CPU kernel sees them)."""
+    values = list(args)
+    for arg in arguments[len(values):]:
+        if arg.name in kwargs:
+            values.append(kwargs[arg.name])
+        elif arg.has_default_value():
+            values.append(arg.default_value)
+        else:
+            raise TypeError(f"{who}: missing argument {arg.name}")
+    return values
+
+
 def _register_metadata(lib: torch.library.Library, build: Build) -> None:
     lib.define(build.metadata_schema)
     overload = getattr(torch.ops, build.namespace).get_scheduler_metadata.default
@@ -629,14 +636,8 @@ def _register_metadata(lib: torch.library.Library, build: Build) -> None:
     calls = METADATA_CALLS.setdefault(build.namespace, [])
 
     def get_scheduler_metadata(*args, **kwargs):
-        values = list(args)
-        for arg in arguments[len(values):]:  # the dispatcher drops trailing defaults
-            if arg.name in kwargs:
-                values.append(kwargs[arg.name])
-            elif arg.has_default_value():
-                values.append(arg.default_value)
-            else:
-                raise TypeError(f"fake {build.namespace}::get_scheduler_metadata: missing argument {arg.name}")
+        values = _all_values(arguments, args, kwargs,
+                             f"fake {build.namespace}::get_scheduler_metadata")
         calls.append(values)
         return scheduler_metadata(build, {arg.name: v for arg, v in zip(arguments, values, strict=True)})
 
