@@ -674,7 +674,7 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _metadata_arguments(b: Binding, plan: PrefillPlan, args: list, q, k, v) -> dict | None:
+def _metadata_arguments(b: Binding, args: list, q, k, v) -> dict | None:
     """get_scheduler_metadata's arguments by name, each taken from the forward call's own
     argument list `args` (so none can differ from what the call passes), or None where the
     call passes something the build's metadata op has no argument for."""
@@ -708,7 +708,7 @@ def _metadata_arguments(b: Binding, plan: PrefillPlan, args: list, q, k, v) -> d
 def _scheduler_metadata(b: Binding, plan: PrefillPlan, args: list, q, k, v):
     """(metadata or None, whether the answer may be kept): FA3's scheduler metadata for a
     call with argument list `args`, made at most once per plan and argument values."""
-    values = _metadata_arguments(b, plan, args, q, k, v)
+    values = _metadata_arguments(b, args, q, k, v)
     if values is None:
         return None, True
     # every value that is not a tensor, and the tensors by identity (the plan's own)
