@@ -34,9 +34,10 @@ within -5..+2% on one (benchmarks/NOTES.md), so `batch_config` takes it for the 
 
 Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
 64K registers: 240 per consumer thread, 24 per producer thread. In 16-bit mode P's operand
-takes 32 registers a thread (fp8: 16): 128-key steps carry P packed two values to a register
-(`_carry`) and still spill three scalars (ptxas, sm_90), so `GLUON_BF16_CONFIG` steps 64 keys
-(no spill); `prefill.py --variants --bf16` measures both.
+takes 32 registers a thread (fp8: 16), so 128-key steps spill there (float32 P, its operand
+and the next block's in-flight scores together); `GLUON_BF16_CONFIG` steps 64 keys (no
+spill). Stop 28 measured 128-key steps with P carried packed two values to a register (3
+spills): 0.62-0.82x FA3 bf16 against 0.79-1.06x (benchmarks/NOTES.md); that form is gone.
 
 Both warpgroups consume every stage in the same order: a key block past one group's
 diagonal (the second group's rows reach 64 keys further) is computed masked to nothing.
@@ -109,40 +110,11 @@ if gluon is not None:
             return warpgroup_mma(p, v_buf, acc, is_async=True)
 
     @gluon.jit
-    def _carry(p, KV_DTYPE: gl.constexpr, PACKED: gl.constexpr):
-        """What a block's P (float32) is carried in to the next block's P @ V: float32 (fp8,
-        and 16-bit 64-key steps), or (PACKED: 16-bit 128-key steps) its 16-bit values two to
-        an int32 register. The packed form is 32 registers a thread instead of 64, which the
-        128-key steps need to fit in 240; Triton holds a loop-carried 16-bit tensor one value
-        to a register and repacks it (PRMT) before the product, so the pairs are packed and
-        unpacked here by hand."""
-        if PACKED:
-            a, b = gl.split(gl.reshape(p, [p.shape[0], p.shape[1] // 2, 2]))
-            CVT: gl.constexpr = ("cvt.rn.bf16x2.f32 $0, $2, $1;" if KV_DTYPE == gl.bfloat16
-                                 else "cvt.rn.f16x2.f32 $0, $2, $1;")
-            return gl.inline_asm_elementwise(CVT, "=r,r,r", [a, b], dtype=gl.int32, is_pure=True,
-                                             pack=1)
-        else:
-            return p
-
-    @gluon.jit
-    def _operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr,
-                 PACKED: gl.constexpr):
+    def _operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
         """The carried P as `_pv` takes it: fp8, float32 still (cast at the product, into the
         operand's registers); 16-bit, the A operand."""
         if FP8:
             return p
-        elif PACKED:
-            if KV_DTYPE == gl.bfloat16:
-                lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p],
-                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True,
-                                                   pack=1)
-            else:
-                lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p],
-                                                   dtype=(gl.float16, gl.float16), is_pure=True,
-                                                   pack=1)
-            x = gl.reshape(gl.join(lo, hi), [p.shape[0], 2 * p.shape[1]])
-            return gl.convert_layout(x, p_layout)
         else:
             return gl.convert_layout(p.to(KV_DTYPE), p_layout)
 
@@ -272,7 +244,6 @@ if gluon is not None:
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
-        PACKED: gl.constexpr = (not FP8) and BLOCK_N == 128  # `_carry`
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, K_INSTR])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -326,10 +297,9 @@ if gluon is not None:
         # q k^T: carried in float32 and cast to fp8 just before (the cast's F2FP writes the
         # operand registers). Carried as fp8, Triton holds it a byte per register and repacks
         # it before every P @ V: ~180 more instructions per block, 11-14% slower on the H200
-        # (benchmarks/NOTES.md, stop 27). 16-bit: the operand takes 32 registers a thread (fp8
-        # 16), so with 128-key steps float32 P, its operand and the in-flight scores do not fit
-        # in 240: there P is carried packed (`_carry`); 64-key steps carry float32
-        p = _carry(gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout), KV_DTYPE, PACKED)
+        # (benchmarks/NOTES.md, stop 27). 16-bit: cast to its operand before the next block's
+        # q k^T is issued (`_operand`)
+        p = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
         c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
 
         if n_total > 0:
@@ -353,7 +323,6 @@ if gluon is not None:
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start, rows, kv_end,
                                                 kv_offset, causal, n_full == 0, P_SHIFT, col_s,
                                                 BLOCK_N)
-            p = _carry(p, KV_DTYPE, PACKED)
 
         # each block's two scales are loaded one step ahead (their latency off the critical path)
         SSTEP: gl.constexpr = BLOCK_N // 16
@@ -371,7 +340,7 @@ if gluon is not None:
                 blk_scale = scale
             it = it0 + j
             st = it % NUM_STAGES
-            p_op = _operand(p, KV_DTYPE, p_layout, FP8, PACKED)
+            p_op = _operand(p, KV_DTYPE, p_layout, FP8)
             mbarrier.wait(ready.index(st), (it // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turn.index(WG), (it + 1 - WG) & 1)
@@ -386,7 +355,6 @@ if gluon is not None:
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start + j * BLOCK_N,
                                                 rows, kv_end, kv_offset, causal, j >= n_full,
                                                 P_SHIFT, col_s, BLOCK_N)
-            p = _carry(p, KV_DTYPE, PACKED)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(prev), count=1)
             if FP8:
@@ -407,7 +375,7 @@ if gluon is not None:
                 tail = kv_end - (kv_start + (n_total - 1) * BLOCK_N)
                 if tail < BLOCK_N:
                     _zero_tail(vt_bufs.index(last), tail, BLOCK_N)
-            o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8, PACKED), vt_bufs.index(last), acc, KV_DTYPE,
+            o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc, KV_DTYPE,
                         p_layout, BLOCK_N, FP8)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(last), count=1)
