@@ -26,6 +26,8 @@
 #                                         # at every shape beside FA3 bf16 (prefill.py --variants --bf16)
 #   bash benchmarks/device_run.sh dev28   # every GPU test, the q_tma variants (fp8, 16-bit), the
 #                                         # Gluon rotation cast's rate and cost through FA3
+#   bash benchmarks/device_run.sh dev29   # the rescale_late variants (GPU tests, fp8 and 16-bit
+#                                         # variants), ncu of the per-head casts
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -34,7 +36,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -207,6 +209,31 @@ case "$stage" in
             --out "$out/h200-rotation-gluon.json" > "$out/rotation-cost-gluon.log" 2>&1 || status=1
         tail -12 "$out/rotation-cost-gluon.log"
         ;;
+    dev29)
+        # stop 29's first call: the Gluon kernel with the accumulator rescaled after the next
+        # q k^T issue (rescale_late): its GPU tests (every test_triton.py test through the
+        # gluon-rescale-late fixture), its variants in fp8 and 16-bit, then Nsight Compute of
+        # the per-head casts (unrotated, dense, kron, Gluon) at B1-S8192-H128
+        timeout 150 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --maxfail=10 \
+            -k "gluon-rescale-late" > "$out/gpu-tests-late.log" 2>&1 || status=1
+        tail -6 "$out/gpu-tests-late.log"
+        timeout 200 python3 benchmarks/prefill.py --variants --out "$out/h200-variants-late.json" \
+            --shapes B1-S8192-H128,B1-S16384-H16,B4-S4096-H16,B8-S2048-H128,B16-S512-H16 \
+            --variant-filter "gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma late,gluon 128x128 s4 pingpong q_tma late,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent late" \
+            > "$out/variants-fp8.log" 2>&1 || status=1
+        summarize_variants "$out/variants-fp8.log"
+        timeout 110 python3 benchmarks/prefill.py --variants --bf16 --out "$out/h200-variants-bf16-late.json" \
+            --shapes B1-S8192-H128,B8-S2048-H128,B1-S2048-H8,B16-S512-H16,chunked-q512-k8192-H128 \
+            --variant-filter "gluon 128x64 s4 pingpong q_tma,gluon 128x64 s4 pingpong q_tma late,gluon 128x64 s4 q_tma late" \
+            > "$out/variants-bf16.log" 2>&1 || status=1
+        summarize_variants "$out/variants-bf16.log"
+        timeout 90 ncu --kernel-name regex:_cast_kernel --launch-skip 4 --launch-count 4 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
+            python3 benchmarks/profile_rotation.py > "$out/ncu-casts.txt" 2>&1
+        grep -E "_cast_kernel|Duration|Throughput|Registers|Achieved Occupancy|Stall|Executed Ipc|Issue Slots" \
+            "$out/ncu-casts.txt" | head -60
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -214,7 +241,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

@@ -280,9 +280,10 @@ VARIANT_SHAPES = ("B1-S8192-H128", "B8-S2048-H128", "B1-S16384-H16", "B4-S4096-H
 
 def variant_configs(fp8: bool) -> dict:
     """The phase-1 variants `--variants` measures, by label: the portable kernel and the Gluon
-    kernel (fp8, or 16-bit with `--bf16`: its default, pingpong), one CTA per unit and
-    persistent, with q loaded by the consumers and by the producer's TMA (q_tma). Stop 28's
-    first 16-bit run measured the step and ring choices (NOTES)."""
+    kernel (fp8, or 16-bit with `--bf16`): its default (fp8: one CTA per unit, q by TMA;
+    16-bit: the same, pingpong), persistent (fp8), and each with the accumulator rescaled
+    after the next q k^T is issued (`rescale_late`, stop 29). Stop 28's runs measured the
+    step, ring and q_tma choices (NOTES)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels.triton_kernel import (
@@ -294,16 +295,19 @@ def variant_configs(fp8: bool) -> dict:
 
     if fp8:
         configs = {"triton 64x64 w4 s4": FP8_CONFIG}
-        base, shapes = GLUON_FP8_CONFIG, ((128, 4, False, False, False), (128, 4, False, True, False),
-                                          (128, 4, False, False, True))
+        base = GLUON_FP8_CONFIG
+        knobs = ({}, {"rescale_late": True}, {"pingpong": True, "rescale_late": True},
+                 {"persistent": True, "q_tma": False},
+                 {"persistent": True, "q_tma": False, "rescale_late": True})
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
-        base, shapes = GLUON_BF16_CONFIG, ((64, 4, True, False, False), (64, 4, True, False, True),
-                                           (64, 4, True, True, True))
-    for bn, st, pp, pers, qt in shapes:
-        cfg = replace(base, block_n=bn, num_stages=st, pingpong=pp, persistent=pers, q_tma=qt)
-        configs[f"gluon {cfg.block_m}x{cfg.block_n} s{st}{' pingpong' if pp else ''}"
-                f"{' persistent' if pers else ''}{' q_tma' if qt else ''}"] = cfg
+        base = GLUON_BF16_CONFIG
+        knobs = ({}, {"rescale_late": True}, {"pingpong": False, "rescale_late": True})
+    for knob in knobs:
+        cfg = replace(base, **knob)
+        configs[f"gluon {cfg.block_m}x{cfg.block_n} s{cfg.num_stages}"
+                f"{' pingpong' if cfg.pingpong else ''}{' persistent' if cfg.persistent else ''}"
+                f"{' q_tma' if cfg.q_tma else ''}{' late' if cfg.rescale_late else ''}"] = cfg
     return configs
 
 

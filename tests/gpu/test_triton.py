@@ -27,13 +27,14 @@ CASES = LENGTH_CASES
 
 
 @pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent",
-                                      "gluon-q-loads"])
+                                      "gluon-q-loads", "gluon-rescale-late"])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
     Gluon kernel, fp8 and 16-bit, for every batch (its length thresholds at 0, so short test
     batches reach it too), one CTA per unit in plan order and with each head's slices taken
     last to first, persistent for batches of several sequences (its default there), and
-    with the q blocks loaded by the consumers (q_tma off; the producer's TMA by default)."""
+    with the q blocks loaded by the consumers (q_tma off; the producer's TMA by default), and
+    with the accumulator rescaled after the next block's q k^T is issued (rescale_late)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
@@ -48,7 +49,8 @@ def phase1(request, monkeypatch, device):
             monkeypatch.setattr(tk, one, 0)
             monkeypatch.setattr(tk, several, persistent)
         knob = {"gluon-longest-first": {"longest_first": True},
-                "gluon-q-loads": {"q_tma": False}}.get(request.param)
+                "gluon-q-loads": {"q_tma": False},
+                "gluon-rescale-late": {"rescale_late": True}}.get(request.param)
         if knob:
             for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
                 monkeypatch.setattr(tk, name, replace(getattr(tk, name), **knob))

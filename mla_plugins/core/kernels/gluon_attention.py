@@ -228,7 +228,7 @@ if gluon is not None:
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
                       qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                      FP8: gl.constexpr, Q_TMA: gl.constexpr):
+                      FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
         FP8: q, k, v block-scaled fp8 (the block scales applied per key block); else 16-bit.
         Q_TMA: the q block arrives in `q_n_smem`/`q_r_smem` by the producer's TMA (`q_ready`,
@@ -241,6 +241,11 @@ if gluon is not None:
         other's products occupy the tensor cores. Without it both groups, fed by the same
         stages, tend to run in lockstep: softmax against softmax, products against products.
         Turns are counted over key blocks (the ring position `it`), the same for both groups.
+
+        RESCALE_LATE: acc takes block j's factor (alpha, and in fp8 the v scale change) after
+        q k^T of block j + 1 is issued, just before the P @ V of block j that accumulates into
+        it (FA3's order: the 64 multiplies a thread run under the tensor cores' q k^T), instead
+        of after block j's softmax, between it and the next issue.
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
@@ -301,6 +306,8 @@ if gluon is not None:
         # q k^T is issued (`_operand`)
         p = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
         c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
+        # RESCALE_LATE: the factor acc takes before the next P @ V (acc is 0 until the first)
+        fac = gl.full([HALF_G], 1.0, gl.float32, row_s)
 
         if n_total > 0:
             st = it0 % NUM_STAGES
@@ -348,6 +355,8 @@ if gluon is not None:
                                   use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
             prev = (it - 1) % NUM_STAGES
+            if RESCALE_LATE:
+                acc = acc * gl.convert_layout(fac, row_o)[:, None]
             o_tok = _pv(p_op, vt_bufs.index(prev), acc, KV_DTYPE, p_layout, BLOCK_N, FP8)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
@@ -359,10 +368,14 @@ if gluon is not None:
             mbarrier.arrive(empty.index(prev), count=1)
             if FP8:
                 # acc is kept in units of the last block's v scale (triton_attention's rule)
-                acc = acc * gl.convert_layout(alpha * (c_v / s_v), row_o)[:, None]
+                f = alpha * (c_v / s_v)
                 c_v = s_v
             else:
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                f = alpha
+            if RESCALE_LATE:
+                fac = f
+            else:
+                acc = acc * gl.convert_layout(f, row_o)[:, None]
 
         if Q_TMA:
             # every q k^T of the unit has completed (each was waited for): the producer may
@@ -375,6 +388,8 @@ if gluon is not None:
                 tail = kv_end - (kv_start + (n_total - 1) * BLOCK_N)
                 if tail < BLOCK_N:
                     _zero_tail(vt_bufs.index(last), tail, BLOCK_N)
+            if RESCALE_LATE:
+                acc = acc * gl.convert_layout(fac, row_o)[:, None]
             o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc, KV_DTYPE,
                         p_layout, BLOCK_N, FP8)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
@@ -410,7 +425,7 @@ if gluon is not None:
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
-                  Q_TMA: gl.constexpr):
+                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
         for k in range(_rounds(num_units, PERSISTENT)):
@@ -424,7 +439,8 @@ if gluon is not None:
                               Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
-                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA)
+                              qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA,
+                              RESCALE_LATE)
                 if Q_TMA:
                     qph += 1
             it += n_total
@@ -495,6 +511,7 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
+        RESCALE_LATE: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -545,13 +562,13 @@ if gluon is not None:
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA)),
+                         FP8, Q_TMA, RESCALE_LATE)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA)),
+                         FP8, Q_TMA, RESCALE_LATE)),
             (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
                          num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,
