@@ -28,6 +28,7 @@
 #                                         # Gluon rotation cast's rate and cost through FA3
 #   bash benchmarks/device_run.sh dev29   # the rescale_late variants (GPU tests, fp8 and 16-bit
 #                                         # variants), ncu of the per-head casts
+#   bash benchmarks/device_run.sh dev29b  # persistent with unit_prefetch: GPU tests, variants
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -36,7 +37,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -234,6 +235,24 @@ case "$stage" in
         grep -E "_cast_kernel|Duration|Throughput|Registers|Achieved Occupancy|Stall|Executed Ipc|Issue Slots" \
             "$out/ncu-casts.txt" | head -60
         ;;
+    dev29b)
+        # stop 29's second call: persistent with the next unit's fields and scales loaded a
+        # unit ahead (unit_prefetch): its GPU tests (the gluon-persistent-prefetch fixture),
+        # then the fp8 and 16-bit variants (rescale_late, unit_prefetch) at seven shapes
+        timeout 120 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --maxfail=10 \
+            -k "gluon-persistent-prefetch" > "$out/gpu-tests-prefetch.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-prefetch.log"
+        timeout 260 python3 benchmarks/prefill.py --variants --out "$out/h200-variants-prefetch.json" \
+            --shapes B1-S8192-H128,B1-S16384-H16,B4-S4096-H16,B8-S2048-H128,B16-S512-H16,chunked-q512-k8192-H128,varlen-H16 \
+            --variant-filter "gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma late,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent prefetch,gluon 128x128 s4 persistent q_tma prefetch,gluon 128x128 s4 persistent q_tma late prefetch" \
+            > "$out/variants-fp8.log" 2>&1 || status=1
+        summarize_variants "$out/variants-fp8.log"
+        timeout 100 python3 benchmarks/prefill.py --variants --bf16 --out "$out/h200-variants-bf16-prefetch.json" \
+            --shapes B8-S2048-H128,B1-S2048-H8,B16-S512-H16,chunked-q512-k8192-H128 \
+            --variant-filter "gluon 128x64 s4 pingpong q_tma,gluon 128x64 s4 pingpong persistent q_tma prefetch,gluon 128x64 s4 persistent q_tma prefetch" \
+            > "$out/variants-bf16.log" 2>&1 || status=1
+        summarize_variants "$out/variants-bf16.log"
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -241,7 +260,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

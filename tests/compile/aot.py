@@ -244,7 +244,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
         return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
-                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else ""))
+                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else "")
+                + (" prefetch" if c["PREFETCH"] else ""))
     if fn.__name__ == "_gluon_cast_kernel":
         return f"heads cast rotate gluon w{c['num_warps']}"
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):

@@ -221,12 +221,33 @@ if gluon is not None:
                 kv_start + vshift, sbase)
 
     @gluon.jit
+    def _unit_scales(QScales, sqs_t, sbase, ss_w, r0, head, qo_end, n_total, FP8: gl.constexpr,
+                     BLOCK_N: gl.constexpr):
+        """fp8: a consumer group's q block scale (at the block's first row; 1 past the slice)
+        and the k and v scales of the unit's first two key blocks (1 where there is none);
+        16-bit: ones. Loaded before the unit's first product, or a unit ahead (PREFETCH)."""
+        if FP8:
+            SSTEP: gl.constexpr = BLOCK_N // 16
+            s_q = gl.load(QScales + r0.to(gl.int64) * sqs_t + head, mask=r0 < qo_end, other=1.0)
+            s_k0 = gl.load(sbase, mask=n_total > 0, other=1.0)
+            s_v0 = gl.load(sbase + ss_w, mask=n_total > 0, other=1.0)
+            s_k1 = gl.load(sbase + SSTEP, mask=n_total > 1, other=1.0)
+            s_v1 = gl.load(sbase + ss_w + SSTEP, mask=n_total > 1, other=1.0)
+        else:
+            s_q = gl.to_tensor(1.0)
+            s_k0 = s_q
+            s_v0 = s_q
+            s_k1 = s_q
+            s_v1 = s_q
+        return s_q, s_k0, s_v0, s_k1, s_v1
+
+    @gluon.jit
     def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready,
                       empty, turn, q_ready, q_empty, qph, it0, Q, sq_t, sq_h, QScales, sqs_t, Out,
                       so_t, so_h, Lse, sl_t,
                       sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
-                      qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
-                      qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
+                      qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal,
+                      has_lse, qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                       FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
@@ -281,8 +302,8 @@ if gluon is not None:
             q_n_smem.store(qn)
             q_r_smem.store(qr)
             fence_async_shared()
+        s_q, s_k0, s_v0, s_k1, s_v1 = sc  # _unit_scales
         if FP8:
-            s_q = gl.load(QScales + r0.to(gl.int64) * sqs_t + head, mask=r0 < qo_end, other=1.0)
             scale = qk_scale * s_q
         else:
             scale = qk_scale
@@ -321,9 +342,8 @@ if gluon is not None:
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
             if FP8:
-                s_k = gl.load(SBase)
-                c_v = gl.load(SBase + ss_w)
-                blk_scale = scale * s_k
+                c_v = s_v0
+                blk_scale = scale * s_k0
             else:
                 blk_scale = scale
             s = warpgroup_mma_wait(0, deps=(s_tok,))
@@ -334,8 +354,8 @@ if gluon is not None:
         # each block's two scales are loaded one step ahead (their latency off the critical path)
         SSTEP: gl.constexpr = BLOCK_N // 16
         if FP8:
-            s_k_next = gl.load(SBase + SSTEP, mask=n_total > 1, other=1.0)
-            s_v_next = gl.load(SBase + ss_w + SSTEP, mask=n_total > 1, other=1.0)
+            s_k_next = s_k1
+            s_v_next = s_v1
         for j in range(1, n_total):
             if FP8:
                 s_k = s_k_next
@@ -425,20 +445,41 @@ if gluon is not None:
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
-                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
+                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr, PREFETCH: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
-        for k in range(_rounds(num_units, PERSISTENT)):
-            w = _unit_index(k, num_units, PERSISTENT)
+        rounds = _rounds(num_units, PERSISTENT)
+        if PREFETCH:
+            nxt = _unit(WorkInfo, Scales, vt_stride, _unit_index(0, num_units, PERSISTENT), num_tiles,
+                        num_sub, heads_pc, causal, order, BLOCK_M, BLOCK_N, PERSISTENT)
+            nsc = _unit_scales(QScales, sqs_t, nxt[11], ss_w, nxt[7] + WG * HALF_G, nxt[6], nxt[2],
+                               nxt[9], FP8, BLOCK_N)
+        for k in range(rounds):
+            if PREFETCH:
+                # the next unit's plan fields are loaded before this unit's key loop, so their
+                # latency is not paid between the two units (the last round reloads its own)
+                cur = nxt
+                nxt = _unit(WorkInfo, Scales, vt_stride,
+                            _unit_index(gl.minimum(k + 1, rounds - 1), num_units, PERSISTENT),
+                            num_tiles, num_sub, heads_pc, causal, order, BLOCK_M, BLOCK_N, PERSISTENT)
+            else:
+                cur = _unit(WorkInfo, Scales, vt_stride, _unit_index(k, num_units, PERSISTENT),
+                            num_tiles, num_sub, heads_pc, causal, order, BLOCK_M, BLOCK_N, PERSISTENT)
             (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
-             sbase) = _unit(WorkInfo, Scales, vt_stride, w, num_tiles, num_sub, heads_pc, causal, order,
-                            BLOCK_M, BLOCK_N, PERSISTENT)
+             sbase) = cur
+            if PREFETCH:
+                sc = nsc
+                nsc = _unit_scales(QScales, sqs_t, nxt[11], ss_w, nxt[7] + WG * HALF_G, nxt[6],
+                                   nxt[2], nxt[9], FP8, BLOCK_N)
+            else:
+                sc = _unit_scales(QScales, sqs_t, sbase, ss_w, m0 + WG * HALF_G, head, qo_end,
+                                  n_total, FP8, BLOCK_N)
             if valid:
                 _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn,
                               q_ready, q_empty, qph, it,
                               Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
-                              kv_start, kv_end, kv_offset, loc, head, n_total, causal, has_lse,
+                              kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal, has_lse,
                               qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA,
                               RESCALE_LATE)
                 if Q_TMA:
@@ -511,7 +552,7 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
-        RESCALE_LATE: gl.constexpr,
+        RESCALE_LATE: gl.constexpr, PREFETCH: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -562,13 +603,13 @@ if gluon is not None:
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE)),
+                         FP8, Q_TMA, RESCALE_LATE, PREFETCH)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE)),
+                         FP8, Q_TMA, RESCALE_LATE, PREFETCH)),
             (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
                          num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,

@@ -75,7 +75,9 @@ class TileConfig:
     first (measured -3..+1%: off), q_tma the q blocks loaded by the producer's TMA (once the
     previous unit's last q k^T is done: the next unit's q overlaps this one's tail) instead of
     by the consumers' pointer loads; rescale_late the Gluon consumer's accumulator rescaled
-    after the next block's q k^T is issued (FA3's order) rather than before it.
+    after the next block's q k^T is issued (FA3's order) rather than before it; unit_prefetch
+    (persistent) each consumer loading the next unit's plan fields before its current unit's
+    key loop.
     """
 
     block_m: int = 128
@@ -90,6 +92,7 @@ class TileConfig:
     longest_first: bool = False
     q_tma: bool = False
     rescale_late: bool = False
+    unit_prefetch: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -101,6 +104,8 @@ BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: persistent without it (`batch_config`: with it ptxas spills 4 words there, for +-2%)
 GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True,
                               q_tma=True)
+#: the persistent form (`batch_config`: batches of several sequences), q loaded by the consumers
+GLUON_FP8_PERSISTENT_CONFIG = replace(GLUON_FP8_CONFIG, persistent=True, q_tma=False)
 #: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 64-key steps over four
 #: stages, the two consumer warpgroups taking turns (H200, stop 28, GPU time: 1.10-1.20x the
 #: portable kernel at every shape; pingpong +0-2.5% at 8 of 10 shapes, -1% at two; 128-key
@@ -108,6 +113,7 @@ GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=
 #: +1-5% at five of six shapes, -1% at B1-S1024-H16; benchmarks/NOTES.md)
 GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=4, gluon=True,
                                pingpong=True, q_tma=True)
+GLUON_BF16_PERSISTENT_CONFIG = replace(GLUON_BF16_CONFIG, persistent=True, q_tma=False)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
@@ -179,12 +185,13 @@ def batch_config(device: torch.device, fp8: bool, cu_q, cu_k, causal: bool) -> T
     if device_kind(device) == "cuda" and not gluon_reasons(device):
         keys = mean_keys_per_slice(cu_q, cu_k, causal)
         if fp8:
-            config, one, several = GLUON_FP8_CONFIG, GLUON_MIN_MEAN_KEYS, GLUON_PERSISTENT_MIN_MEAN_KEYS
+            config, persistent = GLUON_FP8_CONFIG, GLUON_FP8_PERSISTENT_CONFIG
+            one, several = GLUON_MIN_MEAN_KEYS, GLUON_PERSISTENT_MIN_MEAN_KEYS
         else:
-            config, one = GLUON_BF16_CONFIG, GLUON_BF16_MIN_MEAN_KEYS
-            several = GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS
+            config, persistent = GLUON_BF16_CONFIG, GLUON_BF16_PERSISTENT_CONFIG
+            one, several = GLUON_BF16_MIN_MEAN_KEYS, GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS
         if len(cu_q) > 2 and keys >= several:
-            return replace(config, persistent=True, q_tma=False)
+            return persistent
         if keys >= one:
             return config
     return default_config(device, fp8)
@@ -392,7 +399,8 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
         KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late, num_warps=ga.NUM_WARPS,
+        FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late,
+        PREFETCH=config.persistent and config.unit_prefetch, num_warps=ga.NUM_WARPS,
         maxnreg=ga.MAXNREG,
     )
 
