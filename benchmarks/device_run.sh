@@ -26,9 +26,8 @@
 #                                         # at every shape beside FA3 bf16 (prefill.py --variants --bf16)
 #   bash benchmarks/device_run.sh dev28   # every GPU test, the q_tma variants (fp8, 16-bit), the
 #                                         # Gluon rotation cast's rate and cost through FA3
-#   bash benchmarks/device_run.sh dev29   # the rescale_late variants (GPU tests, fp8 and 16-bit
-#                                         # variants), ncu of the per-head casts
-#   bash benchmarks/device_run.sh dev29b  # persistent with unit_prefetch: GPU tests, variants
+#   bash benchmarks/device_run.sh dev29   # every GPU test, FA3 batched against varlen
+#                                         # (fa3_batched.py), ncu of ours and FA3 at B8-S2048-H128
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -37,7 +36,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -211,47 +210,26 @@ case "$stage" in
         tail -12 "$out/rotation-cost-gluon.log"
         ;;
     dev29)
-        # stop 29's first call: the Gluon kernel with the accumulator rescaled after the next
-        # q k^T issue (rescale_late): its GPU tests (every test_triton.py test through the
-        # gluon-rescale-late fixture), its variants in fp8 and 16-bit, then Nsight Compute of
-        # the per-head casts (unrotated, dense, kron, Gluon) at B1-S8192-H128
-        timeout 150 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --maxfail=10 \
-            -k "gluon-rescale-late" > "$out/gpu-tests-late.log" 2>&1 || status=1
-        tail -6 "$out/gpu-tests-late.log"
-        timeout 200 python3 benchmarks/prefill.py --variants --out "$out/h200-variants-late.json" \
-            --shapes B1-S8192-H128,B1-S16384-H16,B4-S4096-H16,B8-S2048-H128,B16-S512-H16 \
-            --variant-filter "gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma late,gluon 128x128 s4 pingpong q_tma late,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent late" \
-            > "$out/variants-fp8.log" 2>&1 || status=1
-        summarize_variants "$out/variants-fp8.log"
-        timeout 110 python3 benchmarks/prefill.py --variants --bf16 --out "$out/h200-variants-bf16-late.json" \
-            --shapes B1-S8192-H128,B8-S2048-H128,B1-S2048-H8,B16-S512-H16,chunked-q512-k8192-H128 \
-            --variant-filter "gluon 128x64 s4 pingpong q_tma,gluon 128x64 s4 pingpong q_tma late,gluon 128x64 s4 q_tma late" \
-            > "$out/variants-bf16.log" 2>&1 || status=1
-        summarize_variants "$out/variants-bf16.log"
-        timeout 90 ncu --kernel-name regex:_cast_kernel --launch-skip 4 --launch-count 4 \
-            --section SpeedOfLight --section Occupancy --section WarpStateStats \
-            --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters \
-            python3 benchmarks/profile_rotation.py > "$out/ncu-casts.txt" 2>&1
-        grep -E "_cast_kernel|Duration|Throughput|Registers|Achieved Occupancy|Stall|Executed Ipc|Issue Slots" \
-            "$out/ncu-casts.txt" | head -60
-        ;;
-    dev29b)
-        # stop 29's second call: persistent with the next unit's fields and scales loaded a
-        # unit ahead (unit_prefetch): its GPU tests (the gluon-persistent-prefetch fixture),
-        # then the fp8 and 16-bit variants (rescale_late, unit_prefetch) at seven shapes
-        timeout 120 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --maxfail=10 \
-            -k "gluon-persistent-prefetch" > "$out/gpu-tests-prefetch.log" 2>&1 || status=1
-        tail -4 "$out/gpu-tests-prefetch.log"
-        timeout 260 python3 benchmarks/prefill.py --variants --out "$out/h200-variants-prefetch.json" \
-            --shapes B1-S8192-H128,B1-S16384-H16,B4-S4096-H16,B8-S2048-H128,B16-S512-H16,chunked-q512-k8192-H128,varlen-H16 \
-            --variant-filter "gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma late,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent prefetch,gluon 128x128 s4 persistent q_tma prefetch,gluon 128x128 s4 persistent q_tma late prefetch" \
-            > "$out/variants-fp8.log" 2>&1 || status=1
-        summarize_variants "$out/variants-fp8.log"
-        timeout 100 python3 benchmarks/prefill.py --variants --bf16 --out "$out/h200-variants-bf16-prefetch.json" \
-            --shapes B8-S2048-H128,B1-S2048-H8,B16-S512-H16,chunked-q512-k8192-H128 \
-            --variant-filter "gluon 128x64 s4 pingpong q_tma,gluon 128x64 s4 pingpong persistent q_tma prefetch,gluon 128x64 s4 persistent q_tma prefetch" \
-            > "$out/variants-bf16.log" 2>&1 || status=1
-        summarize_variants "$out/variants-bf16.log"
+        # stop 29's third call (its first two ran fcd33ec and 0068591's `dev29` and `dev29b`:
+        # the rescale_late and unit_prefetch variants, NOTES): every GPU test with the
+        # accumulator rescaled after the next q k^T issue by default (fp8), FA3's batched call
+        # against its varlen call on equal lengths (fa3_batched.py), then Nsight Compute of
+        # the Gluon kernel and of FA3's FP8 forward at B8-S2048-H128 (no full set: the
+        # schedule's sections)
+        all_gpu_tests 330 25
+        timeout 80 python3 benchmarks/fa3_batched.py --out "$out/h200-fa3-batched.json" \
+            > "$out/fa3-batched.log" 2>&1 || status=1
+        cat "$out/fa3-batched.log" | cut -c1-220
+        for who in gluon fa3; do
+            name=$([ $who = fa3 ] && echo device_kernel || echo mla_prefill)
+            timeout 100 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+                --section InstructionStats --section Occupancy --section LaunchStats \
+                --kernel-name regex:$name --launch-skip 2 --launch-count 1 \
+                python3 benchmarks/profile_phase1.py --kernel $who --shape B8-S2048-H128 \
+                > "$out/ncu-$who-b8.txt" 2>&1 || status=1
+            grep -E "Duration|Registers Per|Grid Size|Achieved Occupancy|Issue Slots Busy|Issued Warp|No Eligible|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  " \
+                "$out/ncu-$who-b8.txt" | head -20
+        done
         ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
@@ -260,7 +238,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

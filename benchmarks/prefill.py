@@ -280,11 +280,11 @@ VARIANT_SHAPES = ("B1-S8192-H128", "B8-S2048-H128", "B1-S16384-H16", "B4-S4096-H
 
 def variant_configs(fp8: bool) -> dict:
     """The phase-1 variants `--variants` measures, by label: the portable kernel and the Gluon
-    kernel (fp8, or 16-bit with `--bf16`): its default (fp8: one CTA per unit, q by TMA;
-    16-bit: the same, pingpong), persistent, with the accumulator rescaled after the next
-    q k^T is issued (`rescale_late`, stop 29), persistent with the next unit's plan fields and
-    scales loaded a unit ahead (`unit_prefetch`, stop 29). Stop 28's runs measured the step,
-    ring and q_tma choices (NOTES)."""
+    kernel (fp8, or 16-bit with `--bf16`): its default (fp8: one CTA per unit, q by TMA, the
+    accumulator rescaled after the next q k^T is issued; 16-bit: the same but the rescale,
+    pingpong), with the other rescale place (`rescale_late`), and fp8's persistent form.
+    Stop 28's runs measured the step, ring and q_tma choices, stop 29's the rescale's place
+    and loading each unit's fields a unit ahead (NOTES)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels.triton_kernel import (
@@ -297,21 +297,17 @@ def variant_configs(fp8: bool) -> dict:
     if fp8:
         configs = {"triton 64x64 w4 s4": FP8_CONFIG}
         base = GLUON_FP8_CONFIG
-        knobs = ({}, {"rescale_late": True}, {"persistent": True, "q_tma": False},
-                 {"persistent": True, "q_tma": False, "unit_prefetch": True},
-                 {"persistent": True, "unit_prefetch": True},
-                 {"persistent": True, "unit_prefetch": True, "rescale_late": True})
+        knobs = ({}, {"rescale_late": False}, {"persistent": True, "q_tma": False,
+                                                 "rescale_late": False})
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
         base = GLUON_BF16_CONFIG
-        knobs = ({}, {"persistent": True, "unit_prefetch": True},
-                 {"persistent": True, "unit_prefetch": True, "pingpong": False})
+        knobs = ({}, {"rescale_late": True})
     for knob in knobs:
         cfg = replace(base, **knob)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{cfg.num_stages}"
                 f"{' pingpong' if cfg.pingpong else ''}{' persistent' if cfg.persistent else ''}"
-                f"{' q_tma' if cfg.q_tma else ''}{' late' if cfg.rescale_late else ''}"
-                f"{' prefetch' if cfg.unit_prefetch else ''}"] = cfg
+                f"{' q_tma' if cfg.q_tma else ''}{' late' if cfg.rescale_late else ''}"] = cfg
     return configs
 
 

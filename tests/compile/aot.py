@@ -244,8 +244,7 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
         return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
-                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else "")
-                + (" prefetch" if c["PREFETCH"] else ""))
+                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else ""))
     if fn.__name__ == "_gluon_cast_kernel":
         return f"heads cast rotate gluon w{c['num_warps']}"
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
@@ -274,7 +273,7 @@ def scenarios(arch: str) -> list[dict]:
                 # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
                 dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
                 dict(fp8=True, config=replace(g, pingpong=True)),
-                dict(fp8=True, config=replace(g, persistent=True, q_tma=False)),
+                dict(fp8=True, config=tk.GLUON_FP8_PERSISTENT_CONFIG),
                 # the Gluon kernel on 16-bit inputs: packed, vLLM's v view, persistent
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, layout="vllm"),
@@ -282,9 +281,8 @@ def scenarios(arch: str) -> list[dict]:
                 # q loaded by the consumers (TileConfig.q_tma off, prefill.py --variants)
                 dict(fp8=True, config=replace(g, q_tma=False)),
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=False), layout="vllm"),
-                # the accumulator rescaled after the next q k^T issue (TileConfig.rescale_late)
-                dict(fp8=True, config=replace(g, rescale_late=True)),
-                dict(fp8=True, config=replace(g, persistent=True, q_tma=False, rescale_late=True)),
+                # the accumulator's rescale in the other place (TileConfig.rescale_late)
+                dict(fp8=True, config=replace(g, rescale_late=False)),
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True))]
     else:
         runs = []

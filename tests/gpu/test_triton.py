@@ -27,17 +27,15 @@ CASES = LENGTH_CASES
 
 
 @pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent",
-                                      "gluon-q-loads", "gluon-rescale-late",
-                                      "gluon-persistent-prefetch"])
+                                      "gluon-q-loads", "gluon-rescale-off"])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
     Gluon kernel, fp8 and 16-bit, for every batch (its length thresholds at 0, so short test
     batches reach it too), one CTA per unit in plan order and with each head's slices taken
     last to first, persistent for batches of several sequences (its default there), and
     with the q blocks loaded by the consumers (q_tma off; the producer's TMA by default), and
-    with the accumulator rescaled after the next block's q k^T is issued (rescale_late), and
-    persistent with q by TMA and each unit's plan fields and scales loaded a unit ahead
-    (unit_prefetch)."""
+    with the accumulator rescaled before the next block's q k^T is issued (rescale_late off;
+    fp8's default rescales after that issue, 16-bit's before)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
@@ -46,22 +44,17 @@ def phase1(request, monkeypatch, device):
         reasons = tk.gluon_reasons(torch.device(device))
         if reasons:
             pytest.skip("; ".join(reasons))
-        persistent = (0 if request.param in ("gluon-persistent", "gluon-persistent-prefetch")
-                      else float("inf"))
+        persistent = 0 if request.param == "gluon-persistent" else float("inf")
         for one, several in (("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS"),
                              ("GLUON_BF16_MIN_MEAN_KEYS", "GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS")):
             monkeypatch.setattr(tk, one, 0)
             monkeypatch.setattr(tk, several, persistent)
         knob = {"gluon-longest-first": {"longest_first": True},
                 "gluon-q-loads": {"q_tma": False},
-                "gluon-rescale-late": {"rescale_late": True}}.get(request.param)
+                "gluon-rescale-off": {"rescale_late": False}}.get(request.param)
         if knob:
             for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
                 monkeypatch.setattr(tk, name, replace(getattr(tk, name), **knob))
-        if request.param == "gluon-persistent-prefetch":
-            for name in ("GLUON_FP8_PERSISTENT_CONFIG", "GLUON_BF16_PERSISTENT_CONFIG"):
-                monkeypatch.setattr(tk, name, replace(getattr(tk, name), unit_prefetch=True,
-                                                      q_tma=True))
     else:
         for name in ("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS",
                      "GLUON_BF16_MIN_MEAN_KEYS", "GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS"):

@@ -225,7 +225,9 @@ if gluon is not None:
                      BLOCK_N: gl.constexpr):
         """fp8: a consumer group's q block scale (at the block's first row; 1 past the slice)
         and the k and v scales of the unit's first two key blocks (1 where there is none);
-        16-bit: ones. Loaded before the unit's first product, or a unit ahead (PREFETCH)."""
+        16-bit: ones. Loaded by `_consumer` before the unit's q wait (stop 29 measured loading
+        them and the unit's plan fields a whole unit ahead in the persistent kernel: -1..-8%,
+        benchmarks/NOTES.md)."""
         if FP8:
             SSTEP: gl.constexpr = BLOCK_N // 16
             s_q = gl.load(QScales + r0.to(gl.int64) * sqs_t + head, mask=r0 < qo_end, other=1.0)
@@ -445,35 +447,16 @@ if gluon is not None:
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
-                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr, PREFETCH: gl.constexpr):
+                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
-        rounds = _rounds(num_units, PERSISTENT)
-        if PREFETCH:
-            nxt = _unit(WorkInfo, Scales, vt_stride, _unit_index(0, num_units, PERSISTENT), num_tiles,
-                        num_sub, heads_pc, causal, order, BLOCK_M, BLOCK_N, PERSISTENT)
-            nsc = _unit_scales(QScales, sqs_t, nxt[11], ss_w, nxt[7] + WG * HALF_G, nxt[6], nxt[2],
-                               nxt[9], FP8, BLOCK_N)
-        for k in range(rounds):
-            if PREFETCH:
-                # the next unit's plan fields are loaded before this unit's key loop, so their
-                # latency is not paid between the two units (the last round reloads its own)
-                cur = nxt
-                nxt = _unit(WorkInfo, Scales, vt_stride,
-                            _unit_index(gl.minimum(k + 1, rounds - 1), num_units, PERSISTENT),
-                            num_tiles, num_sub, heads_pc, causal, order, BLOCK_M, BLOCK_N, PERSISTENT)
-            else:
-                cur = _unit(WorkInfo, Scales, vt_stride, _unit_index(k, num_units, PERSISTENT),
-                            num_tiles, num_sub, heads_pc, causal, order, BLOCK_M, BLOCK_N, PERSISTENT)
+        for k in range(_rounds(num_units, PERSISTENT)):
             (loc, qo_start, qo_end, kv_start, kv_end, kv_offset, head, m0, valid, n_total, vcol0,
-             sbase) = cur
-            if PREFETCH:
-                sc = nsc
-                nsc = _unit_scales(QScales, sqs_t, nxt[11], ss_w, nxt[7] + WG * HALF_G, nxt[6],
-                                   nxt[2], nxt[9], FP8, BLOCK_N)
-            else:
-                sc = _unit_scales(QScales, sqs_t, sbase, ss_w, m0 + WG * HALF_G, head, qo_end,
-                                  n_total, FP8, BLOCK_N)
+             sbase) = _unit(WorkInfo, Scales, vt_stride, _unit_index(k, num_units, PERSISTENT),
+                            num_tiles, num_sub, heads_pc, causal, order, BLOCK_M, BLOCK_N, PERSISTENT)
+            # loaded before the unit's q wait: their latency under it
+            sc = _unit_scales(QScales, sqs_t, sbase, ss_w, m0 + WG * HALF_G, head, qo_end, n_total,
+                              FP8, BLOCK_N)
             if valid:
                 _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn,
                               q_ready, q_empty, qph, it,
@@ -552,7 +535,7 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
-        RESCALE_LATE: gl.constexpr, PREFETCH: gl.constexpr,
+        RESCALE_LATE: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -603,13 +586,13 @@ if gluon is not None:
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, PREFETCH)),
+                         FP8, Q_TMA, RESCALE_LATE)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, PREFETCH)),
+                         FP8, Q_TMA, RESCALE_LATE)),
             (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
                          num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,

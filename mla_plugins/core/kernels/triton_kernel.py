@@ -75,9 +75,7 @@ class TileConfig:
     first (measured -3..+1%: off), q_tma the q blocks loaded by the producer's TMA (once the
     previous unit's last q k^T is done: the next unit's q overlaps this one's tail) instead of
     by the consumers' pointer loads; rescale_late the Gluon consumer's accumulator rescaled
-    after the next block's q k^T is issued (FA3's order) rather than before it; unit_prefetch
-    (persistent) each consumer loading the next unit's plan fields before its current unit's
-    key loop.
+    after the next block's q k^T is issued (FA3's order) rather than before it.
     """
 
     block_m: int = 128
@@ -92,7 +90,6 @@ class TileConfig:
     longest_first: bool = False
     q_tma: bool = False
     rescale_late: bool = False
-    unit_prefetch: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -100,12 +97,16 @@ class TileConfig:
 FP8_CONFIG = TileConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
 BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: Hopper fp8 (sm_90): the Gluon kernel, q by the producer's TMA (H200, stop 28, attention
-#: alone in GPU time: +1-3% at B1-S8192-H128, B4-S4096-H16, B8-S2048-H128, B16-S512-H16);
-#: persistent without it (`batch_config`: with it ptxas spills 4 words there, for +-2%)
+#: alone in GPU time: +1-3% at B1-S8192-H128, B4-S4096-H16, B8-S2048-H128, B16-S512-H16), the
+#: accumulator rescaled after the next q k^T is issued (stop 29, two runs: +0.5-3.7% at those
+#: four large shapes, -1% at B16-S512-H16 where the persistent form runs)
 GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True,
-                              q_tma=True)
-#: the persistent form (`batch_config`: batches of several sequences), q loaded by the consumers
-GLUON_FP8_PERSISTENT_CONFIG = replace(GLUON_FP8_CONFIG, persistent=True, q_tma=False)
+                              q_tma=True, rescale_late=True)
+#: the persistent form (`batch_config`: batches of several sequences): q loaded by the
+#: consumers (with the producer's TMA ptxas spills 4 words, for +-2%), the accumulator
+#: rescaled in the old place (rescale_late measured -2..-4% there, stop 29)
+GLUON_FP8_PERSISTENT_CONFIG = replace(GLUON_FP8_CONFIG, persistent=True, q_tma=False,
+                                      rescale_late=False)
 #: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 64-key steps over four
 #: stages, the two consumer warpgroups taking turns (H200, stop 28, GPU time: 1.10-1.20x the
 #: portable kernel at every shape; pingpong +0-2.5% at 8 of 10 shapes, -1% at two; 128-key
@@ -399,8 +400,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
         KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late,
-        PREFETCH=config.persistent and config.unit_prefetch, num_warps=ga.NUM_WARPS,
+        FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late, num_warps=ga.NUM_WARPS,
         maxnreg=ga.MAXNREG,
     )
 
