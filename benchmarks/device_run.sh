@@ -28,6 +28,8 @@
 #                                         # Gluon rotation cast's rate and cost through FA3
 #   bash benchmarks/device_run.sh dev29   # every GPU test, FA3 batched against varlen
 #                                         # (fa3_batched.py), ncu of ours and FA3 at B8-S2048-H128
+#   bash benchmarks/device_run.sh final29 # the FA3 provider's GPU tests, then `final` without
+#                                         # its serving section
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -36,7 +38,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -231,6 +233,18 @@ case "$stage" in
                 "$out/ncu-$who-b8.txt" | head -20
         done
         ;;
+    final29)
+        # stop 29's final run: the FA3 provider's GPU tests (equal-length batches in FA3's
+        # batched layout among them), then the benchmark without its serving section (every
+        # shape and peer, the dispatch table, auto measured again with it, accuracy)
+        timeout 110 python3 -m pytest tests/gpu/test_flash_attn_gpu.py -q -p no:cacheprovider \
+            --maxfail=10 > "$out/gpu-tests-fa3.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-fa3.log"
+        timeout 440 python3 benchmarks/prefill.py --no-serving --out "$out/h200.json" \
+            --dispatch-out mla_plugins/core/dispatch_h200.json > "$out/prefill.log" 2>&1 || status=1
+        cp mla_plugins/core/dispatch_h200.json "$out/" 2>/dev/null
+        tail -40 "$out/prefill.log"
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -238,7 +252,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

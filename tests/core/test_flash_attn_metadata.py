@@ -78,7 +78,8 @@ def test_binds_each_builds_metadata_op_by_its_schema(builds, name):  # noqa: F81
     assert list(b.metadata_names) == schema_names(METADATA_SCHEMA[name]), b.metadata_names
     assert b.metadata_reason is None
     assert b.describe().endswith(
-        f"op {ns}::fwd, scheduler metadata from {ns}::get_scheduler_metadata once per plan and mode"), b.describe()
+        f"op {ns}::fwd, equal-length batches in FA3's batched layout, scheduler metadata from "
+        f"{ns}::get_scheduler_metadata once per plan and mode"), b.describe()
     # vLLM's fork has no attention_chunk in either op: bound by name, it is simply not passed
     assert ("attention_chunk" in b.metadata_names) == ("attention_chunk" in schema_names(FWD_SCHEMA[name]))
 

@@ -425,3 +425,102 @@ def test_first_call_inside_a_capture_makes_no_metadata(device, fresh_binding):
                                            torch.tensor(ck, device=device))
     check(replayed, replayed_lse, ref_out, ref_lse, BF16_TOL, 2e-3, "captured first call")
     assert torch.equal(replayed, eager_out) and torch.equal(replayed_lse, eager_lse)
+
+
+# -- equal-length batches: FA3's batched layout ----------------------------------------------
+
+#: sequences of one length (queries = keys): several across FA3's tiles with S not a multiple
+#: of 128, one long sequence, whole tiles
+EQUAL = {"B4-S300": [300] * 4, "B1-S1000": [1000], "B3-S128": [128] * 3}
+
+
+def _batched_call(plan) -> bool:
+    """Whether the plan's one prepared FA3 call is the batched layout (no offsets)."""
+    (call,) = plan.memo["fa3_calls"].values()
+    b, args = call[0], call[1]
+    return args[b.positions["cu_seqlens_q"]] is None and args[b.positions["cu_seqlens_k"]] is None
+
+
+@pytest.mark.parametrize("case", list(EQUAL))
+@pytest.mark.parametrize("heads", [1, 16, 128])
+@pytest.mark.parametrize("mode", ["bf16", "e4m3-rotated", "e4m3-plain"])
+def test_equal_lengths_run_batched(case, heads, mode, device, monkeypatch):
+    """An equal-length batch reaches FA3 in its batched layout and matches float64; the same
+    batch through the varlen call (UNIFORM_BATCHED off) matches it too."""
+    from mla_plugins.core.kernels import flash_attn
+
+    lens = EQUAL[case] if heads < 128 else EQUAL[case][:2]
+    fp8, rotate = mode != "bf16", mode == "e4m3-rotated"
+    q, k, v, _, _ = random_batch(lens, lens, heads, device=device, seed=700 + heads)
+    cq = offsets(lens)
+    ref_out, ref_lse = reference_on_device(q, k, v, torch.tensor(cq, device=device),
+                                           torch.tensor(cq, device=device))
+    for batched in (True, False):
+        monkeypatch.setattr(flash_attn, "UNIFORM_BATCHED", batched)
+        plan = mla_plugins.plan_prefill(cq, cq, num_heads=heads, device=device, fp8=fp8,
+                                        kernel="flash_attn")
+        out, lse = run(q, k, v, cq, cq, fp8=fp8, rotate=rotate if fp8 else None, plan=plan)
+        assert _batched_call(plan) == batched
+        torch.cuda.synchronize()
+        check(out, lse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL, 0.25 if fp8 else 2e-3,
+              f"{case} H={heads} {mode} {'batched' if batched else 'varlen'}")
+
+
+@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("poison", ["inf", "nan", "1e30"])
+@pytest.mark.parametrize("mode", ["bf16", "e4m3-plain"])
+def test_equal_lengths_isolation(poison, where, mode, device):
+    """The batched layout reads no row of another sequence (TMA's bounds are each sequence's
+    own): a poison in sequence 1 leaves sequences 0 and 2 bit-identical to each run alone, in
+    bf16 too (where the varlen call's last partial key tile reads the next sequence's rows)."""
+    lens = [300] * 3
+    fp8 = mode != "bf16"
+    q, k, v, _, _ = random_batch(lens, lens, 8, device=device, seed=710)
+    cq = offsets(lens)
+    x = {"k": k, "v": v}[where]
+    x[cq[1] + 5, 3, 17] = float(poison)
+    out, lse = run(q, k, v, cq, cq, fp8=fp8, rotate=False if fp8 else None)
+    for b in (0, 2):
+        s = slice(cq[b], cq[b + 1])
+        alone_out, alone_lse = run(q[s].clone(), k[s].clone(), v[s].clone(), [0, 300], [0, 300],
+                                   fp8=fp8, rotate=False if fp8 else None)
+        assert torch.equal(out[s], alone_out), (
+            f"{mode}: sequence {b}'s output changed by {poison} in sequence 1's {where} "
+            f"({int(out[s].isnan().sum())} NaN)")
+        assert torch.equal(lse[s], alone_lse), f"{mode}: sequence {b}'s lse changed"
+
+
+@pytest.mark.parametrize("mode", ["bf16", "e4m3-plain"])
+def test_equal_lengths_graph_replay(mode, device):
+    """The batched layout captured once in a CUDA graph, replayed on new values (lse copied
+    into [total_q, H] inside the graph)."""
+    lens, heads, fp8 = [256] * 3, 16, mode != "bf16"
+    cq = offsets(lens)
+    plan = mla_plugins.plan_prefill(cq, cq, num_heads=heads, device=device, fp8=fp8,
+                                    kernel="flash_attn")
+    q, k, v, _, _ = random_batch(lens, lens, heads, device=device, seed=720)
+    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
+    kw = dict(plan=plan, kernel="flash_attn", fp8=fp8, fp8_rotate=False if fp8 else None, out=out)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            mla_plugins.mla_prefill(q, k, v, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, glse = mla_plugins.mla_prefill(q, k, v, return_lse=True, **kw)
+    assert _batched_call(plan)
+    cu = torch.tensor(cq, device=device)
+    for seed in (21, 22):
+        q2, k2, v2, _, _ = random_batch(lens, lens, heads, device=device, seed=seed)
+        q.copy_(q2)
+        k.copy_(k2)
+        v.copy_(v2)
+        out.fill_(float("nan"))
+        glse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = reference_on_device(q2, k2, v2, cu, cu)
+        check(out, glse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL, 0.25 if fp8 else 2e-3,
+              f"batched graph replay {mode} seed {seed}")

@@ -11,6 +11,9 @@ Written from the real sources (copies under /work/shared_src, cited as file:line
 - FA3 before its 2025-01-07 refactor wrote +INFINITY for those rows (`legacy_empty_lse`).
 
 What it computes, as the real kernel does (in float64 here, one sequence at a time):
+- the batched layout where neither `cu_seqlens_q` nor `cu_seqlens_k` is given (flash_api.cpp
+  758-770, 807-823, 866-892): q [B, S_q, H, D], k and v [B, S_k, H_k, D(v)], out
+  [B, S_q, H, Dv], lse [B, H, S_q]; its tiles read nothing past a sequence (TMA bounds);
 - varlen over `cu_seqlens_q` / `cu_seqlens_k` (int32 [B+1]); heads of q grouped over the
   heads of k (`num_heads % num_heads_k == 0`, head h reads k head h // (H / H_k));
 - bottom-right causal (`is_causal` sets window_size_right = 0, flash_api.cpp 805): row i of a
@@ -357,23 +360,36 @@ def forward(build: Build, a: dict) -> tuple:
     for x in (q, k, v):
         _check(x.stride(-1) == 1, "Input tensor must have contiguous last dimension")
 
-    # 739-755: varlen offsets
+    # 739-755: varlen offsets (is_varlen_q / is_varlen_k); without them the batched layout
+    # [batch, seqlen, heads, dim] (one of the two without the other is not modelled)
     cu_q, cu_k = a.get("cu_seqlens_q"), a.get("cu_seqlens_k")
-    if cu_q is None or cu_k is None:
-        raise NotImplementedError(f"fake FA3 ({build.namespace}): the batched (non-varlen) layout is not modelled")
-    _check(cu_q.is_contiguous(), "cu_seqlens_q must be contiguous")
-    _check(cu_q.dtype == torch.int32, "cu_seqlens_q must have dtype torch.int32")
-    _check(a.get("max_seqlen_q") is not None, "max_seqlen_q must be provided if cu_seqlens_q is provided")
-    _check(cu_k.is_contiguous(), "cu_seqlens_k must be contiguous")
-    _check(cu_k.dtype == torch.int32, "cu_seqlens_k must have dtype torch.int32")
-    _check(a.get("max_seqlen_k") is not None, "max_seqlen_k must be provided if cu_seqlens_k is provided")
+    batched = cu_q is None and cu_k is None
+    if not batched and (cu_q is None or cu_k is None):
+        raise NotImplementedError(f"fake FA3 ({build.namespace}): cu_seqlens_q without cu_seqlens_k "
+                                  "(or the reverse) is not modelled")
+    if not batched:
+        _check(cu_q.is_contiguous(), "cu_seqlens_q must be contiguous")
+        _check(cu_q.dtype == torch.int32, "cu_seqlens_q must have dtype torch.int32")
+        _check(a.get("max_seqlen_q") is not None, "max_seqlen_q must be provided if cu_seqlens_q is provided")
+        _check(cu_k.is_contiguous(), "cu_seqlens_k must be contiguous")
+        _check(cu_k.dtype == torch.int32, "cu_seqlens_k must have dtype torch.int32")
+        _check(a.get("max_seqlen_k") is not None, "max_seqlen_k must be provided if cu_seqlens_k is provided")
 
-    # 757-792: sizes and head dims
-    batch_size = cu_q.shape[0] - 1
-    total_q, num_heads, head_size = q.shape[0], q.shape[-2], q.shape[-1]
+    # 757-792: sizes and head dims (batched: from q's and k's first two sizes, 758-770)
+    if batched:
+        batch_size, seqlen_q0 = q.shape[0], q.shape[1]
+        total_q = batch_size * seqlen_q0
+        seqlen_k0 = k.shape[1]
+        total_k = batch_size * seqlen_k0
+        batch_size_k = k.shape[0]
+    else:
+        batch_size = cu_q.shape[0] - 1
+        total_q = q.shape[0]
+        total_k = k.shape[0]
+        batch_size_k = cu_k.shape[0] - 1
+    num_heads, head_size = q.shape[-2], q.shape[-1]
     head_size_v = v.shape[-1]
-    total_k, num_heads_k = k.shape[0], k.shape[-2]
-    batch_size_k = cu_k.shape[0] - 1
+    num_heads_k = k.shape[-2]
     softmax_scale = a.get("softmax_scale")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_size)
@@ -395,7 +411,10 @@ def forward(build: Build, a: dict) -> tuple:
                 _check(head_size <= 64, "This flash attention build does not support hdim != hdim_v when hdim in (128, 192]")
 
     # 795-805: windows; causal is a right window of 0
-    seqlen_q, seqlen_k = a["max_seqlen_q"], a["max_seqlen_k"]
+    if batched:
+        seqlen_q, seqlen_k = seqlen_q0, seqlen_k0
+    else:
+        seqlen_q, seqlen_k = a["max_seqlen_q"], a["max_seqlen_k"]
     left, right = a.get("window_size_left", -1), a.get("window_size_right", -1)
     if left >= seqlen_k - 1:
         left = -1
@@ -406,15 +425,23 @@ def forward(build: Build, a: dict) -> tuple:
         right = 0
     is_local = (left >= 0 or right >= 0) and not is_causal
 
-    # 809-823: shapes
-    _check_shape(q, "q", (total_q, num_heads, head_size), "total_q, num_heads, head_size")
-    _check_shape(cu_q, "cu_seqlens_q", (batch_size + 1,), "batch_size + 1")
-    _check_shape(k, "k", (total_k, num_heads_k, head_size), "total_k, num_heads_k, head_size")
-    _check_shape(v, "v", (total_k, num_heads_k, head_size_v), "total_k, num_heads_k, head_size_v")
-    _check_shape(cu_k, "cu_seqlens_k", (batch_size + 1,), "batch_size + 1")
+    # 807-823: shapes
+    if batched:
+        _check_shape(q, "q", (batch_size, seqlen_q, num_heads, head_size),
+                     "batch_size, seqlen_q, num_heads, head_size")
+        _check_shape(k, "k", (batch_size_k, seqlen_k, num_heads_k, head_size),
+                     "batch_size_k, seqlen_k, num_heads_k, head_size")
+        _check_shape(v, "v", (batch_size_k, seqlen_k, num_heads_k, head_size_v),
+                     "batch_size_k, seqlen_k, num_heads_k, head_size_v")
+    else:
+        _check_shape(q, "q", (total_q, num_heads, head_size), "total_q, num_heads, head_size")
+        _check_shape(cu_q, "cu_seqlens_q", (batch_size + 1,), "batch_size + 1")
+        _check_shape(k, "k", (total_k, num_heads_k, head_size), "total_k, num_heads_k, head_size")
+        _check_shape(v, "v", (total_k, num_heads_k, head_size_v), "total_k, num_heads_k, head_size_v")
+        _check_shape(cu_k, "cu_seqlens_k", (batch_size + 1,), "batch_size + 1")
 
-    # 848-856: varlen build flag, head-dim alignment
-    _check(not _flag(flags, "VARLEN"), "This flash attention build does not support varlen.")
+    # 848-856: varlen build flag (is_varlen: offsets given), head-dim alignment
+    _check(batched or not _flag(flags, "VARLEN"), "This flash attention build does not support varlen.")
     alignment = 16 if q_type == torch.float8_e4m3fn else 8
     _check(head_size % alignment == 0, f"head_size should be a multiple of {alignment}")
     _check(head_size_v % alignment == 0, f"head_size_v should be a multiple of {alignment}")
@@ -425,10 +452,20 @@ def forward(build: Build, a: dict) -> tuple:
     if out is not None:
         _check(out.dtype == out_type, "For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must have dtype BF16")
         _check(out.stride(-1) == 1, "Output tensor must have contiguous last dimension")
-        _check_shape(out, "out", (total_q, num_heads, head_size_v), "total_q, num_heads, head_size_v")
+        if batched:
+            _check_shape(out, "out", (batch_size, seqlen_q, num_heads, head_size_v),
+                         "batch_size, seqlen_q, num_heads, head_size_v")
+        else:
+            _check_shape(out, "out", (total_q, num_heads, head_size_v), "total_q, num_heads, head_size_v")
+    elif batched:
+        out = torch.empty(batch_size, seqlen_q, num_heads, head_size_v, dtype=out_type, device=q.device)
     else:
         out = torch.empty(total_q, num_heads, head_size_v, dtype=out_type, device=q.device)
-    softmax_lse = torch.empty(num_heads, total_q, dtype=torch.float32, device=q.device)
+    # 887-892: lse [batch, heads, seqlen_q] batched, [heads, total_q] varlen
+    if batched:
+        softmax_lse = torch.empty(batch_size, num_heads, seqlen_q, dtype=torch.float32, device=q.device)
+    else:
+        softmax_lse = torch.empty(num_heads, total_q, dtype=torch.float32, device=q.device)
 
     # 987-1011: the scheduler metadata, where the call passes one
     metadata = a.get("scheduler_metadata")
@@ -470,18 +507,30 @@ def forward(build: Build, a: dict) -> tuple:
     num_splits = a.get("num_splits", 1)
     _check(not (num_splits > 1 and _flag(flags, "SPLIT")), "This flash attention build does not support splits.")
 
-    cq, ck = cu_q.tolist(), cu_k.tolist()
+    if batched:
+        # the same rows as a varlen batch of equal lengths; TMA's bounds are the tensors' own
+        # seqlen dimension, so no tile reads a neighbour's rows (no `_tile_reads`)
+        cq = [i * seqlen_q for i in range(batch_size + 1)]
+        ck = [i * seqlen_k for i in range(batch_size + 1)]
+        q, k, v = (x.reshape(-1, *x.shape[2:]) for x in (q, k, v))
+    else:
+        cq, ck = cu_q.tolist(), cu_k.tolist()
     if total_q > 0 and total_k > 0 and num_heads_k > 0:
         if q_type == torch.float16:
             _check(not _flag(flags, "FP16"), "This flash attention build does not support FP16.")
         if q_type == torch.float8_e4m3fn:
             _check(not _flag(flags, "FP8"), "This flash attention build does not support FP8.")
         o64, lse64 = _attention(q, k, v, cq, ck, descales, softmax_scale, left, right, softcap,
-                                build, seqlen_q, seqlen_k)
+                                build, seqlen_q, seqlen_k, leaks=not batched)
         # rows past cu_seqlens_q[-1] are not written by the kernel; rows of a fake run are all
         # covered (cq[-1] == total_q is the varlen contract; checked in _attention)
-        out.copy_(o64.to(out_type))
-        softmax_lse.copy_(lse64.t().to(torch.float32))
+        if batched:
+            out.copy_(o64.to(out_type).reshape(out.shape))
+            softmax_lse.copy_(lse64.to(torch.float32).reshape(batch_size, seqlen_q, num_heads)
+                              .transpose(1, 2))
+        else:
+            out.copy_(o64.to(out_type))
+            softmax_lse.copy_(lse64.t().to(torch.float32))
     elif total_q > 0 and num_heads_k > 0:
         # flash_api.cpp 1190-1194: "If seqlen_k == 0, then we have an empty tensor."
         out.zero_()
@@ -489,8 +538,10 @@ def forward(build: Build, a: dict) -> tuple:
     return out, softmax_lse, None, None
 
 
-def _attention(q, k, v, cq, ck, descales, scale, left, right, softcap, build, seqlen_q, seqlen_k):
-    """(out float64 [total_q, H, Dv], lse float64 [total_q, H]) from FA3's per-row softmax."""
+def _attention(q, k, v, cq, ck, descales, scale, left, right, softcap, build, seqlen_q, seqlen_k,
+               leaks=True):
+    """(out float64 [total_q, H, Dv], lse float64 [total_q, H]) from FA3's per-row softmax;
+    `leaks`: the varlen tiles' reads past a sequence's end (`_tile_reads`)."""
     total_q, num_heads = q.shape[0], q.shape[1]
     num_heads_k = k.shape[1]
     group = num_heads // num_heads_k
@@ -548,7 +599,7 @@ def _attention(q, k, v, cq, ck, descales, scale, left, right, softcap, build, se
         inv = torch.where(bad, 0.0, 1.0 / torch.where(bad, 1.0, row_sum))
         o = torch.einsum("hij,jhd->ihd", p, vs) * inv.t()[..., None]
         row_lse = torch.where(bad, empty, m + torch.log(torch.where(bad, 1.0, row_sum)))
-        if build.tile is not None:
+        if build.tile is not None and leaks:
             o = _tile_reads(o, v, ck[b], q_len, k_len, right, build.tile, lambda x, b=b: dequant(x, "v_descale", b)[:, heads_k])
         out[cq[b]:cq[b + 1]] = o
         lse[cq[b]:cq[b + 1]] = row_lse.t()
