@@ -30,6 +30,7 @@
 #                                         # (fa3_batched.py), ncu of ours and FA3 at B8-S2048-H128
 #   bash benchmarks/device_run.sh final29 # the FA3 provider's GPU tests, then `final` without
 #                                         # its serving section
+#   bash benchmarks/device_run.sh final29b # the one-sequence shapes again after the last change
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -38,7 +39,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -245,6 +246,19 @@ case "$stage" in
         cp mla_plugins/core/dispatch_h200.json "$out/" 2>/dev/null
         tail -40 "$out/prefill.log"
         ;;
+    final29b)
+        # after final29, one sequence back on FA3's varlen call (the batched layout was 8% slower
+        # at B1-S2048-H8): the equal-length GPU tests, then the four one-sequence shapes the
+        # change touches (their rows and dispatch entries replace final29's; the other rows
+        # ran the same code)
+        timeout 60 python3 -m pytest tests/gpu/test_flash_attn_gpu.py -q -p no:cacheprovider \
+            -k "equal_lengths or long" > "$out/gpu-tests-fa3.log" 2>&1 || status=1
+        tail -3 "$out/gpu-tests-fa3.log"
+        timeout 330 python3 benchmarks/prefill.py --no-serving --no-accuracy --out "$out/h200-b1.json" \
+            --shapes B1-S8192-H128,B1-S16384-H16,B1-S2048-H8,B1-S1024-H16 \
+            --dispatch-out "$out/dispatch-b1.json" > "$out/prefill-b1.log" 2>&1 || status=1
+        tail -8 "$out/prefill-b1.log"
+        ;;
     variants)
         python3 benchmarks/unit_cost.py --out "$out/h200-unit-cost.json" \
             2>&1 | tee "$out/unit-cost.log" || status=1
@@ -252,7 +266,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

@@ -37,15 +37,17 @@ on one stream (as a serving loop's layers do), not concurrently on two. Builds w
 `get_scheduler_metadata` is absent or has a schema this module does not know run without it
 (the binding's description says which).
 
-Equal lengths: a batch whose sequences all have one length S, queries and keys alike (the
-prefill of B prompts of S tokens), runs through FA3's batched layout instead of varlen:
-q, k, v and out viewed as [B, S, H, D] (no copy), no cu_seqlens. FA3 schedules that layout
-with its own tile scheduler, and on the H200 it ran 2.6-7.8% faster than the varlen call in
-bf16 and 2.6-21% in FP8 at every equal-length shape measured, output bit for bit the same
-(benchmarks/fa3_batched.py, benchmarks/NOTES.md). Its lse comes back [B, H, S]: copied into
-[total_q, H] where asked for (a view where B = 1). It takes no scheduler metadata from this
-provider (FA3 checks only a metadata's size; the varlen metadata would schedule it wrongly).
-`UNIFORM_BATCHED` turns it off.
+Equal lengths: a batch of two or more sequences that all have one length S, queries and keys
+alike (the prefill of B prompts of S tokens), runs through FA3's batched layout instead of
+varlen: q, k, v and out viewed as [B, S, H, D] (no copy), no cu_seqlens. FA3 schedules that
+layout with its own tile scheduler; on the H200 its public calls ran 4.5-7.8% faster than
+varlen in bf16 and 4.5-21% in FP8 at B = 4-32, output bit for bit the same, and through this
+provider 6-11% at B4-S4096-H16, B8-S2048-H128 and B16-S512-H16 (benchmarks/fa3_batched.py,
+benchmarks/NOTES.md). One sequence keeps the varlen call: through this provider (FA3's split
+heuristic, num_splits 0) the batched layout was 8% slower at B1-S2048-H8 (+3% at
+B1-S8192-H128). Its lse comes back [B, H, S]: copied into [total_q, H] where asked for. It
+takes no scheduler metadata from this provider (FA3 checks only a metadata's size; the
+varlen metadata would schedule it wrongly). `UNIFORM_BATCHED` turns it off.
 
 Contract (the same as the other kernels'): `plan_prefill` plans for it (a plan without
 work items: FA3 schedules itself); out [total_q, H, Dv] in the input dtype, written in
@@ -142,7 +144,8 @@ METADATA_ARGS = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads", "num
                  "has_softcap", "num_splits", "pack_gqa", "sm_margin")
 METADATA_NEUTRAL = {"cu_seqlens_k_new": None, "seqused_q": None, "leftpad_k": None,
                     "page_size": None, "max_seqlen_k_new": 0, "attention_chunk": 0}
-#: equal-length batches through FA3's batched layout (module doc); tests and benchmarks
+#: equal-length batches of two or more sequences through FA3's batched layout (module doc);
+#: tests and benchmarks
 #: switch it off to compare with the varlen call
 UNIFORM_BATCHED = True
 #: the query/key and value head widths FA3's kernels take when they differ (its hdimdiff
@@ -556,12 +559,10 @@ class FlashAttnKernel(Kernel):
         """lse [total_q, H] as a view of FA3's own [H, total_q] tensor: no copy (measured on
         the H200: the transposing copy cost 15-26 µs of host time per call), and vLLM's
         layout (`lse.t()`) is then contiguous already. Equal-length batches: FA3's
-        [B, H, S] copied into [total_q, H] (a view where B = 1)."""
+        [B, H, S] copied into [total_q, H]."""
         fa_lse, batch = self._forward(inputs, plan, out, workspace)
         if batch is None:
             return fa_lse.t()
-        if batch[0] == 1:
-            return fa_lse[0].t()
         return fa_lse.transpose(1, 2).reshape(plan.total_q, fa_lse.shape[1])
 
     def _forward(self, inputs: PrefillInputs, plan: PrefillPlan, out: torch.Tensor,
@@ -708,10 +709,10 @@ class FlashAttnKernel(Kernel):
 
 
 def equal_lengths(cu_seqlens_host) -> tuple[int, int] | None:
-    """(B, S) where every sequence has S > 0 queries and S keys (the batch is [B, S] in FA3's
-    batched layout), else None."""
+    """(B, S) where B >= 2 sequences all have S > 0 queries and S keys (the batch is [B, S] in
+    FA3's batched layout; one sequence keeps varlen: module doc), else None."""
     cq, ck = cu_seqlens_host
-    if len(cq) < 2 or len(cq) != len(ck):
+    if len(cq) < 3 or len(cq) != len(ck):
         return None
     s = cq[1] - cq[0]
     if s <= 0:
