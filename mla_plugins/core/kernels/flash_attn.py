@@ -42,7 +42,7 @@ alike (the prefill of B prompts of S tokens), runs through FA3's batched layout 
 varlen: q, k, v and out viewed as [B, S, H, D] (no copy), no cu_seqlens. FA3 schedules that
 layout with its own tile scheduler; on the H200 its public calls ran 4.5-7.8% faster than
 varlen in bf16 and 4.5-21% in FP8 at B = 4-32, output bit for bit the same, and through this
-provider 6-11% at B4-S4096-H16, B8-S2048-H128 and B16-S512-H16 (benchmarks/fa3_batched.py,
+provider 5-11% at B4-S4096-H16, B8-S2048-H128 and B16-S512-H16 (benchmarks/fa3_batched.py,
 benchmarks/NOTES.md). One sequence keeps the varlen call: through this provider (FA3's split
 heuristic, num_splits 0) the batched layout was 8% slower at B1-S2048-H8 (+3% at
 B1-S8192-H128). Its lse comes back [B, H, S]: copied into [total_q, H] where asked for. It
