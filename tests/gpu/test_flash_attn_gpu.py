@@ -164,10 +164,17 @@ def test_isolation(poison, where, mode, device):
             f"{mode}: sequence {b}'s lse changed by {poison} in sequence 1's {where}")
 
 
+#: a varlen batch with every edge, and one FA3 takes in its batched layout
+GRAPH_CASES = {"empty-and-no-key": CASES["empty-and-no-key"], "equal-lengths": ([256] * 3, [256] * 3)}
+
+
+@pytest.mark.parametrize("case", list(GRAPH_CASES))
 @pytest.mark.parametrize("mode", ["bf16", "e4m3-rotated", "e4m3-plain"])
-def test_cuda_graph_replay_on_new_values(mode, device):
-    """A planned call captured once, replayed on new q/k/v copied into the captured inputs."""
-    lens_q, lens_k = CASES["empty-and-no-key"]
+def test_cuda_graph_replay_on_new_values(case, mode, device):
+    """A planned call captured once, replayed on new q/k/v copied into the captured inputs:
+    a varlen batch, and an equal-length one in FA3's batched layout (its lse copied into
+    [total_q, H] inside the graph)."""
+    lens_q, lens_k = GRAPH_CASES[case]
     heads, fp8, rotate = 16, mode != "bf16", mode == "e4m3-rotated"
     cq, ck = offsets(lens_q), offsets(lens_k)
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, device=device, fp8=fp8,
@@ -184,6 +191,7 @@ def test_cuda_graph_replay_on_new_values(mode, device):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         _, glse = mla_plugins.mla_prefill(q, k, v, return_lse=True, **kw)
+    assert _batched_call(plan) == (case == "equal-lengths")
     cu_q, cu_k = torch.tensor(cq, device=device), torch.tensor(ck, device=device)
     for seed in (11, 12):
         q2, k2, v2, _, _ = random_batch(lens_q, lens_k, heads, device=device, seed=seed)
@@ -488,39 +496,3 @@ def test_equal_lengths_isolation(poison, where, mode, device):
             f"{mode}: sequence {b}'s output changed by {poison} in sequence 1's {where} "
             f"({int(out[s].isnan().sum())} NaN)")
         assert torch.equal(lse[s], alone_lse), f"{mode}: sequence {b}'s lse changed"
-
-
-@pytest.mark.parametrize("mode", ["bf16", "e4m3-plain"])
-def test_equal_lengths_graph_replay(mode, device):
-    """The batched layout captured once in a CUDA graph, replayed on new values (lse copied
-    into [total_q, H] inside the graph)."""
-    lens, heads, fp8 = [256] * 3, 16, mode != "bf16"
-    cq = offsets(lens)
-    plan = mla_plugins.plan_prefill(cq, cq, num_heads=heads, device=device, fp8=fp8,
-                                    kernel="flash_attn")
-    q, k, v, _, _ = random_batch(lens, lens, heads, device=device, seed=720)
-    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
-    kw = dict(plan=plan, kernel="flash_attn", fp8=fp8, fp8_rotate=False if fp8 else None, out=out)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            mla_plugins.mla_prefill(q, k, v, **kw)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, glse = mla_plugins.mla_prefill(q, k, v, return_lse=True, **kw)
-    assert _batched_call(plan)
-    cu = torch.tensor(cq, device=device)
-    for seed in (21, 22):
-        q2, k2, v2, _, _ = random_batch(lens, lens, heads, device=device, seed=seed)
-        q.copy_(q2)
-        k.copy_(k2)
-        v.copy_(v2)
-        out.fill_(float("nan"))
-        glse.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_out, ref_lse = reference_on_device(q2, k2, v2, cu, cu)
-        check(out, glse, ref_out, ref_lse, FP8_TOL if fp8 else BF16_TOL, 0.25 if fp8 else 2e-3,
-              f"batched graph replay {mode} seed {seed}")
