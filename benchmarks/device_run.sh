@@ -71,6 +71,20 @@ all_gpu_tests() {
         -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
     tail -"$2" "$out/gpu-tests.log"
 }
+# Nsight Compute of one phase-1 launch each, ours (the Gluon kernel, profile_phase1.py) and FA3's
+# FP8 forward, at shape $1: each bounded by $2 seconds, into ncu-<who>$3.txt, its lines matching
+# $4 shown; the remaining arguments are ncu's own (what to collect)
+ncu_phase1() {
+    local shape=$1 limit=$2 suffix=$3 pattern=$4 who name
+    shift 4
+    for who in gluon fa3; do
+        name=$([ $who = fa3 ] && echo device_kernel || echo mla_prefill)
+        timeout "$limit" ncu "$@" --kernel-name "regex:$name" --launch-skip 2 --launch-count 1 \
+            python3 benchmarks/profile_phase1.py --kernel $who --shape "$shape" \
+            > "$out/ncu-$who$suffix.txt" 2>&1 || status=1
+        grep -E "$pattern" "$out/ncu-$who$suffix.txt" | head -30
+    done
+}
 # one line per row of prefill.py --variants' log $1 (default variants.log): shape, variant,
 # error, GPU-time TFLOP/s
 summarize_variants() {
@@ -157,14 +171,9 @@ case "$stage" in
         all_gpu_tests 300 25
         ;;
     profile)
-        for who in gluon fa3; do
-            name=$([ $who = fa3 ] && echo device_kernel || echo mla_prefill)
-            timeout 200 ncu --set full --kernel-name regex:$name --launch-skip 2 --launch-count 1 \
-                python3 benchmarks/profile_phase1.py --kernel $who --shape B1-S8192-H128 \
-                > "$out/ncu-$who.txt" 2>&1 || status=1
-            grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Stall|Warp Cycles Per Issued" \
-                "$out/ncu-$who.txt" | head -30
-        done
+        ncu_phase1 B1-S8192-H128 200 "" \
+            "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Stall|Warp Cycles Per Issued" \
+            --set full
         ;;
     last)
         timeout 210 python3 benchmarks/prefill.py --auto-only --out "$out/h200-auto.json" \
@@ -222,17 +231,11 @@ case "$stage" in
         all_gpu_tests 330 25
         timeout 80 python3 benchmarks/fa3_batched.py --out "$out/h200-fa3-batched.json" \
             > "$out/fa3-batched.log" 2>&1 || status=1
-        cat "$out/fa3-batched.log" | cut -c1-220
-        for who in gluon fa3; do
-            name=$([ $who = fa3 ] && echo device_kernel || echo mla_prefill)
-            timeout 100 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-                --section InstructionStats --section Occupancy --section LaunchStats \
-                --kernel-name regex:$name --launch-skip 2 --launch-count 1 \
-                python3 benchmarks/profile_phase1.py --kernel $who --shape B8-S2048-H128 \
-                > "$out/ncu-$who-b8.txt" 2>&1 || status=1
-            grep -E "Duration|Registers Per|Grid Size|Achieved Occupancy|Issue Slots Busy|Issued Warp|No Eligible|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  " \
-                "$out/ncu-$who-b8.txt" | head -20
-        done
+        cut -c1-220 "$out/fa3-batched.log"
+        ncu_phase1 B8-S2048-H128 100 -b8 \
+            "Duration|Registers Per|Grid Size|Achieved Occupancy|Issue Slots Busy|Issued Warp|No Eligible|Executed Ipc A|Warp Cycles Per Issued|Executed Instructions  " \
+            --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+            --section InstructionStats --section Occupancy --section LaunchStats
         ;;
     final29)
         # stop 29's final run: the FA3 provider's GPU tests (equal-length batches in FA3's
