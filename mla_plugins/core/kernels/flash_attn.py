@@ -629,13 +629,10 @@ class FlashAttnKernel(Kernel):
             plan.memo["fa3_binding"] = b
             plan.memo.pop("fa3_calls", None)  # made for another binding
             plan.memo.pop("fa3_metadata", None)
-        if batched:
-            args = call_args(b, None, None, None, None, None, None, None, None, None,
-                             inputs.softmax_scale, inputs.causal, plan.memo.get("num_splits"))
-        else:
-            args = call_args(b, None, None, None, None, plan.cu_seqlens_q, plan.cu_seqlens_k,
-                             plan.max_seqlen_q, plan.max_seqlen_k, None, inputs.softmax_scale,
-                             inputs.causal, plan.memo.get("num_splits"))
+        offsets = ((None,) * 4 if batched else
+                   (plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q, plan.max_seqlen_k))
+        args = call_args(b, None, None, None, None, *offsets, None, inputs.softmax_scale,
+                         inputs.causal, plan.memo.get("num_splits"))
         keep = True
         if b.metadata_op is not None and not batched:
             metadata, keep = _scheduler_metadata(b, plan, args, q, k, v)
