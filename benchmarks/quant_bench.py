@@ -91,7 +91,8 @@ UNROTATED_AMORTIZED = {
 }
 #: `--gluon`: the per-head pair rotated, the FA3 provider's call first (SMS: the device's SM
 #: count, as the provider passes it), then the Kronecker cast in Triton and in Gluon, the
-#: latter with its knobs (64-row blocks a program, warps, rows a warp casts per step)
+#: latter with its knobs (64-row blocks a program, warps, rows a warp casts per step, loads a
+#: step ahead, paired stores: gluon_rotate.PREFETCH, PAIRED_STORES)
 SMS = "sms"
 GLUON_CONFIGS = [dict(rotation="dense", sms=SMS), dict(rotation="kron"),
                  dict(rotation="gluon", sms=SMS), dict(rotation="gluon", blocks=1),
@@ -99,10 +100,21 @@ GLUON_CONFIGS = [dict(rotation="dense", sms=SMS), dict(rotation="kron"),
                  dict(rotation="gluon", blocks=16), dict(rotation="gluon", sms=SMS, num_warps=8),
                  dict(rotation="gluon", sms=SMS, rows_per_warp=16),
                  dict(rotation="gluon", sms=SMS, num_warps=2)]
+_PF, _PS = dict(prefetch=True), dict(paired_stores=True)
+GLUON_CONFIGS += [dict(rotation="gluon", sms=SMS, prefetch=False, paired_stores=False),
+                  dict(rotation="gluon", sms=SMS, **_PF), dict(rotation="gluon", sms=SMS, **_PS),
+                  dict(rotation="gluon", sms=SMS, **_PF, **_PS),
+                  dict(rotation="gluon", blocks=2, **_PF, **_PS),
+                  dict(rotation="gluon", blocks=1, **_PF, **_PS),
+                  dict(rotation="gluon", sms=SMS, rows_per_warp=16, **_PF, **_PS),
+                  dict(rotation="gluon", sms=SMS, rows_per_warp=16, **_PS),
+                  dict(rotation="gluon", sms=SMS, num_warps=8, **_PF, **_PS)]
 #: do_bench's warmup and repetition times (ms): short, the kernels take 0.05-2 ms
 WARMUP_MS, REP_MS = 10, 50
 SHAPES = {"B8-S2048-H128": ([2048] * 8, 128), "B1-S8192-H128": ([8192], 128),
           "B16-S512-H16": ([512] * 16, 16), "B1-S16384-H16": ([16384], 16)}
+#: `--gluon` adds the small shapes, where a program's chain of load latencies shows
+SMALL_SHAPES = {"B1-S1024-H16": ([1024], 16), "B1-S2048-H8": ([2048], 8)}
 CHECKS = {"irregular H5": ([333, 0, 64, 517, 1, 15, 4096], 5),
           "irregular H128": ([333, 0, 64, 517, 1, 15, 1000], 128)}
 
@@ -221,7 +233,8 @@ def main():
     print(f"checks done at {time.perf_counter() - start:.0f} s")
     for variant in variants:
         for rotate in (False, True):
-            for name, (lens, heads) in SHAPES.items():
+            shapes = dict(SHAPES, **SMALL_SHAPES) if args.gluon else SHAPES
+            for name, (lens, heads) in shapes.items():
                 _time(variant, rotate, name, lens, heads, sms,
                       configs(variant, rotate, args.rotate_only, args.amortized, args.gluon))
         print(f"{variant} timed at {time.perf_counter() - start:.0f} s")

@@ -7,8 +7,9 @@ most 3% slower with the rotation at the four large shapes, 5% at the small ones.
 provider (`flash_attn`: FA3 after `triton_heads.quantize_heads`; `triton`: ours after
 `triton_quant.quantize_qkv`), one plan, `mla_prefill(..., fp8=True, fp8_rotate=...)` replayed
 from a CUDA graph: unrotated, rotated with each implementation of `triton_quant.ROTATIONS`
-(selected through `triton_quant.ROTATION`, which the providers read per call; "gluon", the
-per-head cast in Gluon, through FA3 only: ours refuses it, RUNS). Three rounds,
+(selected through `triton_quant.ROTATION`, which the providers read per call, with
+`triton_heads.HEAD_ROTATION` set to None so that it names the FA3 provider's cast too; "gluon",
+the per-head cast in Gluon, through FA3 only: ours refuses it, RUNS). Three rounds,
 the variants interleaved, median per variant; errors against float64 on the outlier recipe
 (features 7 and 128-131 of q and k scaled by 10) beside each.
 """
@@ -38,7 +39,11 @@ def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, knob
     """The call of one variant; `knobs` ({(module, name): value} of module constants the
     providers read per call: triton_heads' BLOCKS_ROTATED or STAGES, triton_quant's
     KV_BLOCKS) set for the call only."""
-    knobs = knobs or {}
+    from mla_plugins.core.kernels import triton_heads as th
+
+    knobs = dict(knobs or {})
+    if rotation is not None:  # triton_quant.ROTATION names the per-head cast too
+        knobs.setdefault((th, "HEAD_ROTATION"), None)
     saved = {key: getattr(*key) for key in knobs}
 
     def fn():
@@ -54,8 +59,17 @@ def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, knob
     return fn
 
 
+#: `--gluon-variants`: the Gluon cast's knobs (gluon_rotate's module constants, read per call),
+#: the others at their defaults
+_OFF = {"PREFETCH": False, "PAIRED_STORES": False}
+GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
+               "paired": dict(_OFF, PAIRED_STORES=True),
+               "prefetch+paired": {"PREFETCH": True, "PAIRED_STORES": True},
+               "w8": {"NUM_WARPS": 8}, "w2": {"NUM_WARPS": 2}, "r16": {"ROWS_PER_WARP": 16}}
+
+
 def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=(),
-                  heads_stages=(), kv_blocks=()) -> list[dict]:
+                  heads_stages=(), kv_blocks=(), gluon_variants=()) -> list[dict]:
     from prefill import graph_ms, make_batch
 
     import mla_plugins
@@ -87,6 +101,11 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
                          for b in heads_blocks]
             variants += [(f"rot_dense_stages{n}", True, "dense", {(th, "STAGES"): n})
                          for n in heads_stages]
+            from mla_plugins.core.kernels import gluon_rotate as gr
+
+            variants += [(f"rot_gluon_{g.replace('+', '_')}", True, "gluon",
+                          {(gr, name): value for name, value in GLUON_KNOBS[g].items()})
+                         for g in gluon_variants]
         if kernel == "triton":  # key blocks per k/v program of the block rule's launch
             variants += [(f"rot_dense_kv_blocks{n}", True, "dense", {(tq, "KV_BLOCKS"): n})
                          for n in kv_blocks]
@@ -140,6 +159,9 @@ def main() -> None:
     parser.add_argument("--kv-blocks", default="",
                         help="also the dense rotation through ours with these 128-key blocks "
                              "per k/v program (triton_quant.KV_BLOCKS), e.g. 2,4")
+    parser.add_argument("--gluon-variants", default="",
+                        help="also the Gluon cast through FA3 with these knobs (GLUON_KNOBS): "
+                             f"some of {','.join(GLUON_KNOBS)}")
     parser.add_argument("--rotations", default=None,
                         help="the implementations timed (default: all of triton_quant.ROTATIONS)")
     args = parser.parse_args()
@@ -158,8 +180,13 @@ def main() -> None:
         blocks = [int(b) for b in args.heads_blocks.split(",") if b]
         stages = [int(n) for n in args.heads_stages.split(",") if n]
         kv_blocks = [int(n) for n in args.kv_blocks.split(",") if n]
+        gluon_variants = [g for g in args.gluon_variants.split(",") if g]
+        unknown = sorted(set(gluon_variants) - set(GLUON_KNOBS))
+        if unknown:
+            parser.error(f"--gluon-variants: found {','.join(unknown)}, expected some of "
+                         f"{','.join(GLUON_KNOBS)}")
         rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device,
-                              blocks, stages, kv_blocks)
+                              blocks, stages, kv_blocks, gluon_variants)
         torch.cuda.empty_cache()
         if args.out:  # what is measured survives a call cut short
             with open(args.out, "w") as f:

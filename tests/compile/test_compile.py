@@ -48,8 +48,9 @@ GLUON_CASTS = [s for s in SPECS if s.fn.__name__ == "_gluon_cast_kernel"]
 @pytest.mark.parametrize("spec", GLUON_CASTS, ids=lambda s: f"{s.arch}-{s.name}".replace(" ", "_"))
 def test_gluon_cast_keeps_values_in_registers(spec):
     """The Gluon rotated cast (gluon_rotate) moves no value through shared memory and waits at
-    no barrier: no BAR, LDS, STS or SHFL anywhere in its SASS (its layouts' conversions are
-    renamings of registers, asserted trivial at compile time), and stage 1 is its 12 products
+    no barrier: no BAR, LDS or STS anywhere in its SASS (its layouts' conversions are
+    renamings of registers, asserted trivial at compile time, but for the paired stores' one
+    shuffle a group between lanes), and stage 1 is its 12 products
     per step, 12 HMMA per n8 tile of rows a warp holds (ROWS_PER_WARP / 8)."""
     import re
     import subprocess
@@ -66,9 +67,14 @@ def test_gluon_cast_keeps_values_in_registers(spec):
         f.flush()
         sass = subprocess.run([aot._tool("nvdisasm"), f.name], capture_output=True, text=True,
                               check=True).stdout
-    for op in ("BAR", "LDS", "STS", "SHFL"):
+    for op in ("BAR", "LDS", "STS"):
         found = re.findall(rf"\b{op}(?:\.\w+)*\b", sass)
         assert not found, f"{spec.name}: {len(found)} {op} in its SASS"
+    # paired stores: one shuffle per output group (12) in each of the fast and the clamped
+    # casts of q/k, none otherwise
+    paired = spec.constexprs[(spec.fn.arg_names.index("PAIRED"),)]
+    shfl = len(re.findall(r"\bSHFL(?:\.\w+)*\b", sass))
+    assert shfl == (24 if paired else 0), f"{spec.name}: {shfl} SHFL (paired stores: {paired})"
     assert k.metadata.shared == 0, f"{spec.name}: {k.metadata.shared} bytes of shared memory"
     per_warp = spec.constexprs[(spec.fn.arg_names.index("ROWS_PER_WARP"),)]
     hmma = len(re.findall(r"\bHMMA\b", sass))

@@ -246,8 +246,10 @@ def test_planned_calls_follow_the_rotation_implementation(kernel, monkeypatch):
     benchmarks/rotation_cost.py does): each call runs the implementation named at its time
     (the replay key holds it; a stale recording would replay the other one's launches), both
     close to float64 on outlier features and to each other."""
+    from mla_plugins.core.kernels import triton_heads as th
     from mla_plugins.core.kernels import triton_quant as tq
 
+    monkeypatch.setattr(th, "HEAD_ROTATION", None)  # triton_quant.ROTATION names the cast
     q, k, v, cq, ck = random_batch([300, 700], [300, 900], 4, device="cuda", seed=91)
     for x in (q, k):
         x[..., 7] *= 10

@@ -115,14 +115,20 @@ def test_matches_head_quantize_and_dense(heads, dtype):
 
 
 def test_knobs_leave_every_byte():
-    """Blocks per program, warps, rows per warp and heads per program change which program
-    and which warp casts a row, never its arithmetic: every output byte the default's."""
+    """Blocks per program, warps, rows per warp, heads per program, the loads issued a step
+    ahead and the paired stores change which program, warp or lane casts a row and when,
+    never its arithmetic: every output byte the default's."""
     q, k, v, cq, ck = batch(6)
     k[700, 4, 3] = float("nan")
     want = quantize(q, k, v, cq, ck)
     for knobs in (dict(blocks=1), dict(blocks=8), dict(num_warps=8), dict(rows_per_warp=16),
                   dict(num_warps=8, rows_per_warp=16, blocks=2), dict(heads_per_program=2),
-                  dict(sms=132)):
+                  dict(sms=132), dict(prefetch=True), dict(paired_stores=True),
+                  dict(prefetch=False, paired_stores=False),
+                  dict(prefetch=True, paired_stores=True), dict(prefetch=True, blocks=1),
+                  dict(prefetch=True, paired_stores=True, blocks=8),
+                  dict(prefetch=True, paired_stores=True, rows_per_warp=16, blocks=2),
+                  dict(prefetch=True, heads_per_program=2, sms=132)):
         got = quantize(q, k, v, cq, ck, **knobs)
         for a, b in zip(want, got, strict=True):
             assert same_bytes(a, b), knobs
@@ -264,12 +270,31 @@ def test_fa3_provider_matches_float64(case, heads, gluon_rotation):
 
 
 @fa3
-def test_fa3_provider_outliers_replay_and_graph(gluon_rotation):
+def test_fa3_provider_runs_the_gluon_cast_by_default():
+    """With nothing switched (triton_heads.HEAD_ROTATION's default), the FA3 provider's
+    rotated quantization records the Gluon cast on this GPU (`head_rotation`)."""
+    from mla_plugins.core.kernels import flash_attn
+    from mla_plugins.core.kernels import triton_heads as th
+
+    flash_attn.reset()
+    assert th.head_rotation(torch.device("cuda")) == "gluon"
+    q, k, v, cq, ck = random_batch([300, 700], [300, 900], 4, device="cuda", seed=93)
+    plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=4, device=q.device,
+                                    fp8=True, kernel="flash_attn")
+    for _ in range(2):
+        _run(q, k, v, cq.tolist(), ck.tolist(), plan=plan)
+    key, replay = plan.memo["quant_replay"]
+    assert "gluon" in key and replay is not None
+
+
+@fa3
+def test_fa3_provider_outliers_replay_and_graph(gluon_rotation, monkeypatch):
     """Outlier features (q and k features 7 and 128-131 scaled by 10): the Gluon rotation
     closer to float64 than no rotation and close to the dense rotation's output; the second
     call of a plan replays the recorded launches (the key names "gluon", the replay exists,
     so the Gluon cast was recorded with the bound pass), on new values, and a CUDA graph
     of the call replays too."""
+    from mla_plugins.core.kernels import triton_heads as th
     from mla_plugins.core.kernels import triton_quant as tq
 
     lens_q, lens_k = [300, 700], [300, 900]
@@ -288,9 +313,11 @@ def test_fa3_provider_outliers_replay_and_graph(gluon_rotation):
     assert errs[True] < errs[False], errs
     key, replay = plan.memo["quant_replay"]
     assert "gluon" in key and replay is not None, "the Gluon cast's launches were not recorded"
-    tq.ROTATION = "dense"
+    monkeypatch.setattr(th, "HEAD_ROTATION", None)  # triton_quant.ROTATION names the cast
+    monkeypatch.setattr(tq, "ROTATION", "dense")
     dense, _ = _run(q, k, v, cq.tolist(), ck.tolist(), plan=plan)
-    tq.ROTATION = "gluon"
+    monkeypatch.setattr(tq, "ROTATION", "gluon")
+    monkeypatch.setattr(th, "HEAD_ROTATION", "gluon")
     assert rel_err(out, dense) < 0.02
     # replay on new values (a missing cast would leave the first call's q8/k8)
     q2, k2, v2, _, _ = random_batch(lens_q, lens_k, heads, device="cuda", seed=92)

@@ -596,3 +596,29 @@ def test_gluon_rotation_is_refused_where_it_cannot_run():
     # not rotated, the rotation is not read
     th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 1, STORE, rotate=False, rotation="gluon",
                       fp8_max=LIMIT)
+
+
+def test_head_rotation_takes_gluon_only_where_it_runs(monkeypatch):
+    """`triton_heads.head_rotation` (the FA3 provider's per-head cast): "gluon" where
+    `gluon_reasons` is empty, else `triton_quant.ROTATION`, looked up once per device;
+    HEAD_ROTATION None leaves the choice to ROTATION everywhere."""
+    from mla_plugins.core.kernels import triton_heads as th
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    asked = []
+    monkeypatch.setattr(th, "_gluon_runs", {})
+    monkeypatch.setattr(th, "gluon_reasons", lambda d: asked.append(d) or [])
+    gpu = torch.device("cuda", 0)
+    assert th.head_rotation(gpu) == "gluon" and th.head_rotation(gpu) == "gluon"
+    assert asked == [gpu], "looked up once per device"
+    monkeypatch.setattr(th, "gluon_reasons", lambda d: ["no Gluon here"])
+    for rotation in ("dense", "kron"):
+        monkeypatch.setattr(tq, "ROTATION", rotation)
+        assert th.head_rotation(torch.device("cuda", 1)) == rotation
+        assert th.head_rotation(gpu) == "gluon"  # the lookup made for device 0 stands
+        monkeypatch.setattr(th, "HEAD_ROTATION", None)
+        assert th.head_rotation(gpu) == rotation
+        monkeypatch.setattr(th, "HEAD_ROTATION", "gluon")
+    # here (no GPU, the interpreter) the real lookup says no
+    monkeypatch.setattr(th, "gluon_reasons", th.gr.gluon_reasons)
+    assert th.head_rotation(torch.device("cpu")) == tq.ROTATION

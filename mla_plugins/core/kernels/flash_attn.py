@@ -663,7 +663,7 @@ class FlashAttnKernel(Kernel):
 
         q, k, v = inputs.q, inputs.k, inputs.v
         # the rotation's implementation in the key: a recording holds one's launches
-        rotation = tq.current_rotation() if inputs.fp8_rotate else None
+        rotation = th.head_rotation(inputs.device) if inputs.fp8_rotate else None
         key = (q.dtype, rotation, token, q.stride(), k.stride(), v.stride(),
                q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
         memo = plan.memo.get("quant_replay")

@@ -30,9 +30,17 @@ they are (`_load_layout`, then `_to_operand`, a transpose, reshape and permute t
 renames the layout's bases; the conversion into the operand layout is asserted trivial).
 The accumulator gives a thread rows m = g and g + 8 of columns 2 t, 2 t + 1; its row m
 holds output feature OUT_PERM[m] = 2 (m % 8) + m // 8 (the A operand's rows), so a thread's
-two values of a row and output group are adjacent fp8 bytes, one 2-byte store
-(`_store_layout`, `_from_accumulator`). H16[PERM[k], OUT_PERM[m]] is what `gluon_operand`
-stores, with the signs.
+two values of a row and output group are adjacent fp8 bytes (`_store_layout`,
+`_from_accumulator`). With PAIRED_STORES (the default) lanes 4 g + t and 4 (g ^ 1) + t trade
+one row's pair (one shuffle a group, inside the warp: `_paired_layout`), so each thread
+stores 4 adjacent bytes of one row and each 32-byte output sector is written by one request
+(2-byte stores wrote it in two: 29% of the L2's sectors "excessive" under Nsight Compute).
+H16[PERM[k], OUT_PERM[m]] is what `gluon_operand` stores, with the signs.
+
+With PREFETCH (the default) a step's 12 loads are issued before the previous step's products,
+stage 2 and stores, and a program's first step before its scale (the partials' load): the
+loop carries the loaded tiles (149 registers against 127, 3 programs of 4 warps an SM
+against 4), and a program waits on one load latency, not one per step.
 
 Rows past a sequence's end load its last row (no masked loads, whose registers would be
 zeroed first): each accumulator column is one row's, and those rows' stores are masked.
@@ -74,6 +82,16 @@ GROUPS, GROUP = 12, 16
 #: host counts a program's rows in those blocks)
 NUM_WARPS = 4
 ROWS_PER_WARP = 8
+#: issue a step's 12 loads before the previous step's products, stage 2 and stores (the
+#: loop carries the loaded tiles): the cast then waits on a load's latency once per program,
+#: not once per step. Measured (stop 30, H100, rotation_cost through FA3): with PAIRED_STORES
+#: the rotation's cost +0.3-5.0% at the large shapes (paired alone +0.3-5.5%), +0.5% at
+#: B16-S512-H16 (paired alone +7.6%); neither: +1.6-8.3% and +15.6%
+PREFETCH = True
+#: store 4 adjacent fp8 bytes of one row a thread (lanes 4 g + t and 4 (g ^ 1) + t trade a
+#: row's pair: a shuffle inside the warp) instead of 2 bytes of two rows: half the store
+#: requests, each output sector written by one request
+PAIRED_STORES = True
 #: feature of a group held in k slot k (module doc): bits k0 k1 k2 k3 -> b0 b2 b3 b1
 PERM = tuple((k & 1) | ((k & 8) >> 2) | ((k & 2) << 1) | ((k & 4) << 1) for k in range(GROUP))
 #: feature of an output group held in accumulator row m: rows m and m + 8 (one thread's)
@@ -172,6 +190,17 @@ if gluon is not None:
             lane_bases=[[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]],
             warp_bases=_warp_bases(warps), block_bases=[], shape=[rows, 16])
 
+    @gluon.constexpr_function
+    def _paired_layout(warps, rows):
+        """[rows, 16 features] in memory order, a thread holding 4 adjacent features (one
+        4-byte fp8 store) of row 8 w + 2 t + (g & 1), features 4 (g >> 1) ...: `_store_layout`
+        with its second register basis (the row's low bit) traded for its third lane basis
+        (the features' bit 1), so the conversion stays inside a warp (PAIRED_STORES)."""
+        return gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2]] + _row_reg_bases(warps, rows),
+            lane_bases=[[2, 0], [4, 0], [1, 0], [0, 4], [0, 8]],
+            warp_bases=_warp_bases(warps), block_bases=[], shape=[rows, 16])
+
     @gluon.jit
     def _to_operand(x, ROWS: gl.constexpr):
         """x [ROWS, 16] (row, feature b) -> [16, ROWS] (k slot, row), slot k holding feature
@@ -259,37 +288,41 @@ if gluon is not None:
     @gluon.jit
     def _store_group(dst, off8, ok, y, c, group: gl.constexpr, FAST: gl.constexpr,
                      FP8_MAX: gl.constexpr, out_ty: gl.constexpr, ST: gl.constexpr,
-                     ROWS: gl.constexpr):
+                     SO: gl.constexpr, ROWS: gl.constexpr, PAIRED: gl.constexpr):
         """Output group `group`'s float32 accumulator [16, ROWS] scaled by c, cast and stored
         at columns 16 group ... (memory order: `_from_accumulator`, then a renaming of
-        registers into ST)."""
+        registers into ST; PAIRED: the fp8 values then traded between lane pairs into SO,
+        `_paired_layout`). `off8`, `ok` in SO."""
         yt = gl.convert_layout(_from_accumulator(y, ROWS), ST, assert_trivial=True)
-        gl.store(dst + off8 + group * GROUP_G, _to_fp8(yt, c, FAST, FP8_MAX, out_ty), mask=ok)
+        y8 = _to_fp8(yt, c, FAST, FP8_MAX, out_ty)
+        if PAIRED:
+            y8 = gl.convert_layout(y8, SO)
+        gl.store(dst + off8 + group * GROUP_G, y8, mask=ok)
 
     @gluon.jit
     def _store_groups(dst, off8, ok, c, n0, y1, y2, y3, y4, y5, y6, y7, n8, n9, y10, y11,
                       FAST: gl.constexpr, FP8_MAX: gl.constexpr, out_ty: gl.constexpr,
-                      ST: gl.constexpr, ROWS: gl.constexpr):
+                      ST: gl.constexpr, SO: gl.constexpr, ROWS: gl.constexpr,
+                      PAIRED: gl.constexpr):
         """The 12 output groups (`_h12`'s, three of them negated: scaled by -c)."""
-        _store_group(dst, off8, ok, n0, -c, 0, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y1, c, 1, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y2, c, 2, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y3, c, 3, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y4, c, 4, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y5, c, 5, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y6, c, 6, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y7, c, 7, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, n8, -c, 8, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, n9, -c, 9, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y10, c, 10, FAST, FP8_MAX, out_ty, ST, ROWS)
-        _store_group(dst, off8, ok, y11, c, 11, FAST, FP8_MAX, out_ty, ST, ROWS)
+        _store_group(dst, off8, ok, n0, -c, 0, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y1, c, 1, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y2, c, 2, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y3, c, 3, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y4, c, 4, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y5, c, 5, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y6, c, 6, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y7, c, 7, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, n8, -c, 8, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, n9, -c, 9, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y10, c, 10, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
+        _store_group(dst, off8, ok, y11, c, 11, FAST, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
 
     @gluon.jit
-    def _stage1(src, off, op, group: gl.constexpr, zero, B: gl.constexpr, ROWS: gl.constexpr):
-        """z_group^T = B_group^T x[:, 16 group ...]^T: the rows' 16 features of the group as
-        8-byte loads, which are the B operand's registers as they land (`_to_operand`), times
-        the constant A operand `op`: one m16 x n(ROWS) x k16 product."""
-        x = gl.load(src + off + group * GROUP_G)
+    def _stage1(x, op, zero, B: gl.constexpr, ROWS: gl.constexpr):
+        """z^T = B_group^T x^T: the rows' 16 features of one group as loaded (`_load_rows`),
+        which are the B operand's registers as they land (`_to_operand`), times the constant
+        A operand `op`: one m16 x n(ROWS) x k16 product."""
         return mma_v2(op, gl.convert_layout(_to_operand(x, ROWS), B, assert_trivial=True), zero)
 
     @gluon.jit
@@ -300,35 +333,46 @@ if gluon is not None:
         return gl.load(Rot + group * (GROUP_G * GROUP_G) + m[:, None] * GROUP_G + k[None, :])
 
     @gluon.jit
-    def _rotate_rows(src, off, dst, off8, ok8, c, fast, a0, a1, a2, a3, a4, a5, a6, a7, a8,
-                     a9, a10, a11, FP8_MAX: gl.constexpr, out_ty: gl.constexpr,
-                     B: gl.constexpr, ACC: gl.constexpr, ST: gl.constexpr,
-                     ROWS: gl.constexpr):
-        """One block of ROWS rows of one head (src/dst at its first row; `off` [ROWS, 16]
-        offsets of group 0's features in the load layout, rows past the sequence's end
-        reading its last row; `off8`, `ok8` the offsets and the rows in the sequence in the
-        store layout ST): stage 1, stage 2, the cast and the stores (module doc)."""
+    def _load_rows(src, off):
+        """The 12 groups of 16 features of ROWS rows (src at the first row; `off` [ROWS, 16]
+        offsets of group 0's features in the load layout), one 8-byte load a thread each."""
+        return (gl.load(src + off), gl.load(src + off + GROUP_G),
+                gl.load(src + off + 2 * GROUP_G), gl.load(src + off + 3 * GROUP_G),
+                gl.load(src + off + 4 * GROUP_G), gl.load(src + off + 5 * GROUP_G),
+                gl.load(src + off + 6 * GROUP_G), gl.load(src + off + 7 * GROUP_G),
+                gl.load(src + off + 8 * GROUP_G), gl.load(src + off + 9 * GROUP_G),
+                gl.load(src + off + 10 * GROUP_G), gl.load(src + off + 11 * GROUP_G))
+
+    @gluon.jit
+    def _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst, off8, ok8, c, fast,
+                   a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, FP8_MAX: gl.constexpr,
+                   out_ty: gl.constexpr, B: gl.constexpr, ACC: gl.constexpr,
+                   ST: gl.constexpr, SO: gl.constexpr, ROWS: gl.constexpr,
+                   PAIRED: gl.constexpr):
+        """One block of ROWS rows of one head, loaded (`_load_rows`; dst at its first row,
+        `off8`, `ok8` the offsets and the rows in the sequence in the store layout SO):
+        stage 1, stage 2, the cast and the stores (module doc)."""
         zero = gl.zeros([GROUP_G, ROWS], gl.float32, ACC)
-        z0 = _stage1(src, off, a0, 0, zero, B, ROWS)
-        z1 = _stage1(src, off, a1, 1, zero, B, ROWS)
-        z2 = _stage1(src, off, a2, 2, zero, B, ROWS)
-        z3 = _stage1(src, off, a3, 3, zero, B, ROWS)
-        z4 = _stage1(src, off, a4, 4, zero, B, ROWS)
-        z5 = _stage1(src, off, a5, 5, zero, B, ROWS)
-        z6 = _stage1(src, off, a6, 6, zero, B, ROWS)
-        z7 = _stage1(src, off, a7, 7, zero, B, ROWS)
-        z8 = _stage1(src, off, a8, 8, zero, B, ROWS)
-        z9 = _stage1(src, off, a9, 9, zero, B, ROWS)
-        z10 = _stage1(src, off, a10, 10, zero, B, ROWS)
-        z11 = _stage1(src, off, a11, 11, zero, B, ROWS)
+        z0 = _stage1(x0, a0, zero, B, ROWS)
+        z1 = _stage1(x1, a1, zero, B, ROWS)
+        z2 = _stage1(x2, a2, zero, B, ROWS)
+        z3 = _stage1(x3, a3, zero, B, ROWS)
+        z4 = _stage1(x4, a4, zero, B, ROWS)
+        z5 = _stage1(x5, a5, zero, B, ROWS)
+        z6 = _stage1(x6, a6, zero, B, ROWS)
+        z7 = _stage1(x7, a7, zero, B, ROWS)
+        z8 = _stage1(x8, a8, zero, B, ROWS)
+        z9 = _stage1(x9, a9, zero, B, ROWS)
+        z10 = _stage1(x10, a10, zero, B, ROWS)
+        z11 = _stage1(x11, a11, zero, B, ROWS)
         n0, y1, y2, y3, y4, y5, y6, y7, n8, n9, y10, y11 = _h12(z0, z1, z2, z3, z4, z5, z6, z7,
                                                                  z8, z9, z10, z11)
         if fast:
             _store_groups(dst, off8, ok8, c, n0, y1, y2, y3, y4, y5, y6, y7, n8, n9, y10, y11,
-                          True, FP8_MAX, out_ty, ST, ROWS)
+                          True, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
         else:
             _store_groups(dst, off8, ok8, c, n0, y1, y2, y3, y4, y5, y6, y7, n8, n9, y10, y11,
-                          False, FP8_MAX, out_ty, ST, ROWS)
+                          False, FP8_MAX, out_ty, ST, SO, ROWS, PAIRED)
 
     @gluon.jit
     def _head_scale(Partials, which, b, h, bh, heads, splits, FP8_MAX: gl.constexpr,
@@ -346,13 +390,26 @@ if gluon is not None:
     def _reciprocal(scale):
         return gl.div_rn(gl.full([], 1.0, gl.float32), scale)
 
+    @gluon.jit
+    def _qk_scale(Partials, Descales, which, b, h, bh, heads, splits, jb,
+                  FP8_MAX: gl.constexpr, SATURATES: gl.constexpr, L1: gl.constexpr):
+        """q's or k's scale of (b, h) (`_head_scale`), stored as its descale by the
+        sequence's first program; (c, fast): ROTATION_SCALE / scale and whether every value
+        of the head takes the fast cast (module doc)."""
+        s = _head_scale(Partials, which, b, h, bh, heads, splits, FP8_MAX, L1)
+        if jb == 0:
+            gl.store(Descales + (which * bh + b * heads + h), s)
+        c = _reciprocal(s) * ROTATION_SCALE_G
+        return c, (s <= FAST_LIMIT_G) & (c <= FAST_LIMIT_G) & SATURATES
+
     # what follows the batch is not specialized on: one variant per model (as the Triton cast)
     @gluon.jit(do_not_specialize=["batch", "splits", "n_q", "n_k"])
     def _gluon_cast_kernel(
         Q, K, V, Q8, K8, V8, Descales, CuQ, CuK, Partials, Rot,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits, n_q, n_k,
         FP8_MAX: gl.constexpr, HEADS_PER_PROGRAM: gl.constexpr, BLOCKS: gl.constexpr,
-        ROWS_PER_WARP: gl.constexpr, SATURATES: gl.constexpr,
+        ROWS_PER_WARP: gl.constexpr, SATURATES: gl.constexpr, PREFETCH: gl.constexpr,
+        PAIRED: gl.constexpr,
     ):
         """triton_heads._head_cast_kernel with the rotation (the same grid, descales and
         outputs), q and k rotated as the module doc says. Grid (n_q + 2 n_k, sequences,
@@ -367,6 +424,7 @@ if gluon is not None:
         B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
         LD: gl.constexpr = _load_layout(W, ROWS)
         ST: gl.constexpr = _store_layout(W, ROWS)
+        SO: gl.constexpr = _paired_layout(W, ROWS) if PAIRED else ST
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
         j = gl.program_id(0)
         b = gl.program_id(1)
@@ -397,8 +455,8 @@ if gluon is not None:
                 out_ty: gl.constexpr = X8.dtype.element_ty
                 t = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LD))
                 f = gl.arange(0, GROUP_G, layout=gl.SliceLayout(0, LD))
-                t8 = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ST))
-                f8 = gl.arange(0, GROUP_G, layout=gl.SliceLayout(0, ST))
+                t8 = gl.arange(0, ROWS, layout=gl.SliceLayout(1, SO))
+                f8 = gl.arange(0, GROUP_G, layout=gl.SliceLayout(0, SO))
                 off8 = t8[:, None] * (heads * width) + f8[None, :]
                 # the 12 constant operands, once per program (6 KB, from L2/L1), kept in
                 # registers
@@ -416,24 +474,54 @@ if gluon is not None:
                 a11 = _load_operand(Rot, 11, A)
                 for hh in range(0, HEADS_PER_PROGRAM):
                     h = g * HEADS_PER_PROGRAM + hh
-                    s = _head_scale(Partials, which, b, h, bh, heads, splits, FP8_MAX, L1)
-                    if jb == 0:
-                        gl.store(Descales + (which * bh + b * heads + h), s)
-                    c = _reciprocal(s) * ROTATION_SCALE_G
-                    fast = (s <= FAST_LIMIT_G) & (c <= FAST_LIMIT_G) & SATURATES
-                    for i in range(0, BLOCKS):
-                        r0 = first + i * ROWS
-                        if r0 < r_end:
-                            # rows past the sequence's end load its last row (no masked
+                    src_h = X + h.to(gl.int64) * sx_h
+                    if PREFETCH:
+                        if first < r_end:
+                            # the first step's loads before the scale's (both latencies in
+                            # flight at once: a short sequence's program is that chain).
+                            # Rows past the sequence's end load its last row (no masked
                             # loads, whose registers would be zeroed first): each accumulator
-                            # column is one row's, and their stores are masked off
-                            off = gl.minimum(t, r_end - r0 - 1)[:, None] * sx_t + f[None, :]
-                            ok8 = (t8 < r_end - r0)[:, None] & (f8 < GROUP_G)[None, :]
-                            src = X + h.to(gl.int64) * sx_h + r0.to(gl.int64) * sx_t
-                            dst = X8 + (r0.to(gl.int64) * heads + h) * width
-                            _rotate_rows(src, off, dst, off8, ok8, c, fast, a0, a1, a2, a3, a4,
-                                         a5, a6, a7, a8, a9, a10, a11, FP8_MAX, out_ty, B, ACC,
-                                         ST, ROWS)
+                            # column is one row's, and their stores are masked off; the step
+                            # after the last loads that row too
+                            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11 = _load_rows(
+                                src_h + first.to(gl.int64) * sx_t,
+                                gl.minimum(t, r_end - first - 1)[:, None] * sx_t + f[None, :])
+                            c, fast = _qk_scale(Partials, Descales, which, b, h, bh, heads,
+                                                splits, jb, FP8_MAX, SATURATES, L1)
+                            steps = (gl.minimum(r_end - first, BLOCKS * ROWS) + ROWS - 1) // ROWS
+                            for i in range(0, steps):
+                                r0 = first + i * ROWS
+                                rn = r0 + ROWS
+                                n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11 = _load_rows(
+                                    src_h + rn.to(gl.int64) * sx_t,
+                                    gl.minimum(t, r_end - rn - 1)[:, None] * sx_t + f[None, :])
+                                ok8 = (t8 < r_end - r0)[:, None] & (f8 < GROUP_G)[None, :]
+                                dst = X8 + (r0.to(gl.int64) * heads + h) * width
+                                _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst,
+                                           off8, ok8, c, fast, a0, a1, a2, a3, a4, a5, a6, a7,
+                                           a8, a9, a10, a11, FP8_MAX, out_ty, B, ACC, ST, SO,
+                                           ROWS, PAIRED)
+                                x0, x1, x2, x3, x4, x5 = n0, n1, n2, n3, n4, n5
+                                x6, x7, x8, x9, x10, x11 = n6, n7, n8, n9, n10, n11
+                        else:  # an empty sequence's program: its descale alone
+                            _qk_scale(Partials, Descales, which, b, h, bh, heads, splits, jb,
+                                      FP8_MAX, SATURATES, L1)
+                    else:
+                        c, fast = _qk_scale(Partials, Descales, which, b, h, bh, heads, splits,
+                                            jb, FP8_MAX, SATURATES, L1)
+                        for i in range(0, BLOCKS):
+                            r0 = first + i * ROWS
+                            if r0 < r_end:
+                                # rows past the sequence's end load its last row (as above)
+                                off = gl.minimum(t, r_end - r0 - 1)[:, None] * sx_t + f[None, :]
+                                ok8 = (t8 < r_end - r0)[:, None] & (f8 < GROUP_G)[None, :]
+                                dst = X8 + (r0.to(gl.int64) * heads + h) * width
+                                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11 = _load_rows(
+                                    src_h + r0.to(gl.int64) * sx_t, off)
+                                _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst,
+                                           off8, ok8, c, fast, a0, a1, a2, a3, a4, a5, a6, a7,
+                                           a8, a9, a10, a11, FP8_MAX, out_ty, B, ACC, ST, SO,
+                                           ROWS, PAIRED)
         else:
             jb = j - n_q - n_k
             r_start = gl.load(CuK + b)

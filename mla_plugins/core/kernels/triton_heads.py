@@ -281,6 +281,29 @@ if triton is not None:
                                      to_fp8(x, inv, FP8_MAX, out_ty), mask=ok)
 
 
+#: the rotation the FA3 provider's per-head cast runs (`head_rotation`): "gluon" where it runs,
+#: measured faster than "dense" through FA3 at every shape (benchmarks/NOTES.md, stop 30: the
+#: rotation's cost +0.3-5% at the large shapes against dense's +5-17%); elsewhere, or None,
+#: `triton_quant.ROTATION` (what benchmarks and tests switch to time or check the others)
+HEAD_ROTATION: str | None = "gluon"
+_gluon_runs: dict[tuple[str, int | None], bool] = {}
+
+
+def head_rotation(device: torch.device) -> str:
+    """The per-head cast's rotation on `device`: HEAD_ROTATION where set and able to run
+    there, else `triton_quant.ROTATION`. Whether Gluon runs is looked up once per device."""
+    if HEAD_ROTATION is None:
+        return tq.current_rotation()
+    if HEAD_ROTATION == "gluon":
+        key = (device.type, device.index)
+        runs = _gluon_runs.get(key)
+        if runs is None:
+            runs = _gluon_runs[key] = not gluon_reasons(device)
+        if not runs:
+            return tq.current_rotation()
+    return HEAD_ROTATION
+
+
 def gluon_reasons(device: torch.device) -> list[str]:
     """Why `rotation="gluon"` cannot run on `device` (`gluon_rotate.gluon_reasons`; empty:
     it can). A name of this module, which the compile recorder answers for sm_90."""
@@ -345,6 +368,8 @@ def quantize_heads(
     sms: int | None = None,
     stages: int | None = None,
     rows_per_warp: int | None = None,
+    prefetch: bool | None = None,
+    paired_stores: bool | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
@@ -367,8 +392,9 @@ def quantize_heads(
     warps for the dense rotation on CUDA, else STAGES, or 1 with "kron" and "gluon").
     With "gluon", `num_warps` is the cast's alone (`gluon_rotate.NUM_WARPS` by default) and
     pass 1 runs as the dense rotation's (WARPS_ROTATED); `rows_per_warp` (8 or 16, default
-    `gluon_rotate.ROWS_PER_WARP`) is the rows each warp casts per step; the bytes do not
-    depend on either.
+    `gluon_rotate.ROWS_PER_WARP`) is the rows each warp casts per step, `prefetch` and
+    `paired_stores` (default `gluon_rotate.PREFETCH`, `PAIRED_STORES`) its load pipelining
+    and store width; the bytes do not depend on any of them.
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
@@ -440,6 +466,8 @@ def quantize_heads(
             batch, heads, splits, n_q, n_k,
             FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, BLOCKS=rows // step,
             ROWS_PER_WARP=per_warp, SATURATES=limit == float(torch.finfo(fp8_dtype).max),
+            PREFETCH=gr.PREFETCH if prefetch is None else bool(prefetch),
+            PAIRED=gr.PAIRED_STORES if paired_stores is None else bool(paired_stores),
             num_warps=cast_warps,
         )
         return q8, k8, v8, descales, partials
