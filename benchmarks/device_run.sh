@@ -31,6 +31,15 @@
 #   bash benchmarks/device_run.sh final29 # the FA3 provider's GPU tests, then `final` without
 #                                         # its serving section
 #   bash benchmarks/device_run.sh final29b # the one-sequence shapes again after the last change
+#   bash benchmarks/device_run.sh dev30   # the FA3 provider's and the Gluon cast's GPU tests, the
+#                                         # Gluon cast's load prefetch and paired stores (quant_bench
+#                                         # --gluon, rotation_cost through FA3 at every shape)
+#   bash benchmarks/device_run.sh dev30b  # the FA3 provider's and the Gluon cast's GPU tests (the
+#                                         # Gluon cast the provider's default), the rotation's cost
+#                                         # through FA3 (dense, Gluon, Gluon without its knobs),
+#                                         # host_fa3.py
+#   bash benchmarks/device_run.sh final30 # every GPU test, then the Gluon cast's warps and rows a
+#                                         # warp through FA3 at the three small shapes
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -39,7 +48,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -237,6 +246,66 @@ case "$stage" in
             --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
             --section InstructionStats --section Occupancy --section LaunchStats
         ;;
+    dev30)
+        # stop 30's first call: the GPU tests of the FA3 provider (the equal-length graph
+        # replay with the rotation had not run) and of the Gluon cast (its new knobs), then
+        # the cast's rates with each knob and its cost end to end through FA3
+        timeout 120 python3 -m pytest tests/gpu/test_flash_attn_gpu.py tests/gpu/test_gluon_rotation.py \
+            -q -p no:cacheprovider --maxfail=10 > "$out/gpu-tests-dev30.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-dev30.log"
+        timeout 170 python3 benchmarks/quant_bench.py --gluon > "$out/quant-bench-dev30.log" 2>&1 || status=1
+        grep -E "TB/s|differing|done|timed" "$out/quant-bench-dev30.log" | cut -c1-200 | tail -120
+        timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants prefetch,paired,prefetch+paired --out "$out/h200-rotation-dev30.json" \
+            > "$out/rotation-cost-dev30.log" 2>&1 || status=1
+        python3 - "$out/h200-rotation-dev30.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("graph_ms") or k.startswith("err_")}, r.get("error", ""))
+PY
+        ;;
+    dev30b)
+        # stop 30's second call: the GPU tests of the FA3 provider and the Gluon cast with the
+        # cast's loads a step ahead and paired stores on by default and the provider taking
+        # the Gluon cast (triton_heads.HEAD_ROTATION); the rotation's cost through FA3 at
+        # every shape; FA3's host time with our part of it timed interleaved
+        timeout 120 python3 -m pytest tests/gpu/test_flash_attn_gpu.py tests/gpu/test_gluon_rotation.py \
+            -q -p no:cacheprovider --maxfail=10 > "$out/gpu-tests-dev30b.log" 2>&1 || status=1
+        tail -3 "$out/gpu-tests-dev30b.log"
+        timeout 230 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations dense,gluon \
+            --gluon-variants none --out "$out/h200-rotation-dev30b.json" \
+            > "$out/rotation-cost-dev30b.log" 2>&1 || status=1
+        python3 - "$out/h200-rotation-dev30b.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.startswith("err_")}, r.get("error", ""))
+PY
+        timeout 200 python3 benchmarks/host_fa3.py --out "$out/h200-host-fa3.json" \
+            > "$out/host-fa3.log" 2>&1 || status=1
+        python3 - "$out/h200-host-fa3.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["shape"], "fp8" if r["fp8"] else "bf16", {k: r.get(k) for k in ("raw_us", "raw_sched_us", "provider_us", "provider_lse_us", "il_op_us", "il_op_min_us", "il_provider_us", "il_provider_min_us", "il_provider_lse_us", "ours_us", "ours_lse_us", "public_us")})
+PY
+        ;;
+    final30)
+        # stop 30's last call: every GPU test on the final tree, then the rotation's cost at the
+        # small shapes with the Gluon cast's warps and rows per warp (its other knobs timed in
+        # dev30/dev30b)
+        all_gpu_tests 300 6
+        timeout 100 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants w8,w2,r16 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --out "$out/h200-rotation-small-knobs.json" > "$out/rotation-cost-small.log" 2>&1 || status=1
+        python3 - "$out/h200-rotation-small-knobs.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.startswith("err_") or k.endswith("graph_ms")}, r.get("error", ""))
+PY
+        ;;
     final29)
         # stop 29's final run: the FA3 provider's GPU tests (equal-length batches in FA3's
         # batched layout among them), then the benchmark without its serving section (every
@@ -269,7 +338,7 @@ case "$stage" in
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

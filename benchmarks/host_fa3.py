@@ -19,7 +19,13 @@ host-bound: 61 calls' launches fit in the GPU's queue):
   get_scheduler_metadata (`provider_metadata`);
 - `provider_nosched`: the same with the binding's metadata op hidden (FA3's prepare-varlen
   kernel at every call, the provider before issue 20);
-- `public`: FA3's `flash_attn_varlen_func` (the autograd wrapper).
+- `public`: FA3's `flash_attn_varlen_func` (the autograd wrapper);
+- `il_*`: the op (with the scheduler metadata where the binding has it, as the provider calls
+  it), the provider and the provider with lse timed again interleaved, one loop of each per
+  round (ROUNDS rounds): the median and min of each, and `ours_us` / `ours_lse_us`, the
+  median over rounds of the provider's loop minus the op's loop of the same round, what our
+  code adds to FA3's own host time (the device VM's clock drifts between loops measured
+  apart: stop 28's op figures ranged 27-48 µs).
 GPU ms per call of `raw` and `raw_sched` from one CUDA graph of 61 calls.
 """
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -51,6 +58,28 @@ def _host_us(fn) -> float:
 
 def _graph_ms(fn) -> float:
     return round(serving._graph_ms(fn) / CALLS, 5)
+
+
+#: rounds of the interleaved timing (one loop of CALLS calls per variant a round)
+ROUNDS = 21
+
+
+def _interleaved(row, fns) -> None:
+    """`il_<name>_us` (median) and `il_<name>_min_us` per variant, timed one loop each per
+    round, and ours_us / ours_lse_us: medians of the per-round differences from "op"."""
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    torch.cuda.synchronize()
+    host = {name: [] for name in fns}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            host[name].append(serving._loop(fn)[1])
+    for name, got in host.items():
+        row[f"il_{name}_us"] = round(statistics.median(got), 1)
+        row[f"il_{name}_min_us"] = round(min(got), 1)
+    for name, key in (("provider", "ours_us"), ("provider_lse", "ours_lse_us")):
+        row[key] = round(statistics.median(a - b for a, b in zip(host[name], host["op"], strict=True)), 1)
 
 
 def _offsets(lens):
@@ -134,6 +163,13 @@ def measure(name, lens_q, lens_k, heads, fp8, b, fa_module) -> dict:
         row["provider_sched_max_diff"] = (out.float() - with_metadata.float()).abs().max().item()
     finally:
         b.metadata_op = hidden
+    base = args_s if "raw_sched_us" in row and row["provider_metadata"] else args
+    _interleaved(row, {
+        "op": lambda: op(*base),
+        "provider": lambda: mla_plugins.mla_prefill(q, k, v, plan=plan, kernel="flash_attn", out=out),
+        "provider_lse": lambda: mla_plugins.mla_prefill(q, k, v, plan=plan, kernel="flash_attn",
+                                                        out=out, return_lse=True),
+    })
     if not fp8:
         row["public_us"] = _host_us(lambda: fa_module.flash_attn_varlen_func(
             q, k, v, cq, ck, mq, mk_, causal=True))
