@@ -63,13 +63,14 @@ def _triton_kernel():
     return kernel
 
 
-def _flash_attn_kernel(n: int, h: int):
+def _flash_attn_kernel(n: int, h: int, batch: int = 1):
     """The flash_attn provider on the CPU: a usable binding whose op returns preallocated
     (out, lse [H, T]) at once, on the fa3-fwd schema's argument positions; the fp8
     quantization's recorded launches replaced by a no-op (as the Triton provider's above)."""
     from mla_plugins.core.kernels import flash_attn as fa
 
-    lse_ht = torch.randn(h, n)
+    # FA3's lse: [H, T] from its varlen call, [B, H, S] from its batched one (equal lengths)
+    lse_ht = torch.randn(h, n) if batch == 1 else torch.randn(batch, h, n // batch)
     # fa3-fwd 0.0.3's fwd schema, argument names in order (read from its library)
     names = ("q k v k_new v_new q_v out cu_seqlens_q cu_seqlens_k cu_seqlens_k_new seqused_q "
              "seqused_k max_seqlen_q max_seqlen_k page_table kv_batch_idx leftpad_k rotary_cos "
@@ -93,6 +94,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=1,
+                        help="sequences of --tokens / --batch tokens each (flash_attn: FA3's "
+                             "batched layout from 2 on)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--lse", action="store_true", help="return_lse=True")
     args = parser.parse_args()
@@ -102,9 +106,12 @@ def main() -> None:
     q, k = (torch.randn(n, h, 192, generator=gen).bfloat16() for _ in range(2))
     v = torch.randn(n, h, 128, generator=gen).bfloat16()
     out = torch.empty(n, h, 128, dtype=torch.bfloat16)
-    cu = [0, n]
+    b = args.batch
+    if b < 1 or n % b:
+        parser.error(f"--batch: found {b}, expected a divisor of --tokens {n}")
+    cu = [i * (n // b) for i in range(b + 1)]
     kernel = {"triton": _triton_kernel, "api": _NoopKernel,
-              "flash_attn": lambda: _flash_attn_kernel(n, h)}[args.provider]()
+              "flash_attn": lambda: _flash_attn_kernel(n, h, b)}[args.provider]()
     for fp8 in (True, False):
         plan = mla_plugins.plan_prefill(cu, cu, num_heads=h, fp8=fp8, kernel="torch")
         plan.memo["kernel"] = kernel  # what plan_prefill(kernel="triton") stores on a GPU
@@ -112,6 +119,10 @@ def main() -> None:
         plan.memo["replayable"] = True  # as on CUDA: later calls replay
         plan.memo.setdefault("empty_rows", False)  # what FlashAttnKernel.build_plan stores
         plan.memo.setdefault("num_splits", None)
+        if args.provider == "flash_attn":
+            from mla_plugins.core.kernels import flash_attn as fa
+
+            plan.memo["fa3_uniform"] = fa.equal_lengths((cu, cu))  # FlashAttnKernel.build_plan's
 
         def loop(calls, plan=plan, fp8=fp8):
             for _ in range(calls):
@@ -123,7 +134,7 @@ def main() -> None:
             t0 = time.perf_counter()
             loop(args.calls)
             rounds.append((time.perf_counter() - t0) / args.calls * 1e6)
-        print(f"{args.provider} fp8={fp8} B1-S{n}-H{h}: min {min(rounds):.2f} median "
+        print(f"{args.provider} fp8={fp8} B{b}-S{n // b}-H{h}: min {min(rounds):.2f} median "
               f"{statistics.median(rounds):.2f} us/call over {args.rounds} rounds")
         if args.profile:
             prof = cProfile.Profile()
