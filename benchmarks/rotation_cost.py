@@ -59,13 +59,15 @@ def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, knob
     return fn
 
 
-#: `--gluon-variants`: the Gluon cast's knobs (gluon_rotate's module constants, read per call),
-#: the others at their defaults
+#: `--gluon-variants`: the Gluon cast's knobs (gluon_rotate's module constants, or
+#: triton_heads' where prefixed, read per call), the others at their defaults
 _OFF = {"PREFETCH": False, "PAIRED_STORES": False}
 GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
                "paired": dict(_OFF, PAIRED_STORES=True),
                "prefetch+paired": {"PREFETCH": True, "PAIRED_STORES": True},
-               "w8": {"NUM_WARPS": 8}, "w2": {"NUM_WARPS": 2}, "r16": {"ROWS_PER_WARP": 16}}
+               "w8": {"NUM_WARPS": 8}, "w2": {"NUM_WARPS": 2}, "r16": {"ROWS_PER_WARP": 16},
+               # triton_heads': 64-row blocks a program where rotated_blocks falls back
+               "b1": {"triton_heads.BLOCKS_ROTATED": 1}}
 
 
 def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=(),
@@ -104,7 +106,8 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
             from mla_plugins.core.kernels import gluon_rotate as gr
 
             variants += [(f"rot_gluon_{g.replace('+', '_')}", True, "gluon",
-                          {(gr, name): value for name, value in GLUON_KNOBS[g].items()})
+                          {(th, name.split(".")[1]) if name.startswith("triton_heads.")
+                           else (gr, name): value for name, value in GLUON_KNOBS[g].items()})
                          for g in gluon_variants]
         if kernel == "triton":  # key blocks per k/v program of the block rule's launch
             variants += [(f"rot_dense_kv_blocks{n}", True, "dense", {(tq, "KV_BLOCKS"): n})
