@@ -294,8 +294,8 @@ PY
         # stop 30's last call: every GPU test on the final tree, then the rotation's cost at the
         # small shapes with the Gluon cast's warps, rows per warp and blocks (its other knobs timed in
         # dev30/dev30b)
-        all_gpu_tests 300 6
-        timeout 100 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+        all_gpu_tests 290 6
+        timeout 120 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --gluon-variants w8,w2,r16,b1 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
             --out "$out/h200-rotation-small-knobs.json" > "$out/rotation-cost-small.log" 2>&1 || status=1
         python3 - "$out/h200-rotation-small-knobs.json" <<'PY'
