@@ -40,6 +40,8 @@
 #                                         # host_fa3.py
 #   bash benchmarks/device_run.sh final30 # every GPU test, then the Gluon cast's warps and rows a
 #                                         # warp through FA3 at the three small shapes
+#   bash benchmarks/device_run.sh final30b # final30 cut to fit little device time: the small
+#                                         # shapes' knobs, then the GPU tests of the quantization
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -48,7 +50,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -306,6 +308,17 @@ for r in d["rows"]:
     print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.startswith("err_") or k.endswith("graph_ms")}, r.get("error", ""))
 PY
         ;;
+    final30b)
+        # final30 cut to the device time left: the knobs at the small shapes first, then the
+        # GPU tests that reach the quantization (per-head casts, rotation)
+        timeout 110 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants w8,w2,r16,b1 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --out "$out/h200-rotation-small-knobs.json" > "$out/rotation-cost-small.log" 2>&1 || status=1
+        tail -3 "$out/rotation-cost-small.log" | cut -c1-900
+        timeout 80 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider \
+            -k "quant or rotat or kron or heads or isolat" > "$out/gpu-tests-final30b.log" 2>&1 || status=1
+        tail -3 "$out/gpu-tests-final30b.log"
+        ;;
     final29)
         # stop 29's final run: the FA3 provider's GPU tests (equal-length batches in FA3's
         # batched layout among them), then the benchmark without its serving section (every
@@ -338,7 +351,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
