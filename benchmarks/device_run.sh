@@ -312,7 +312,7 @@ PY
         # final30 cut to the device time left: the knobs at the small shapes first, then the
         # GPU tests that reach the quantization (per-head casts, rotation)
         timeout 110 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
-            --gluon-variants w8,w2,r16,b1 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --gluon-variants w8,w2,r16,b1 --min-chunks 64 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
             --out "$out/h200-rotation-small-knobs.json" > "$out/rotation-cost-small.log" 2>&1 || status=1
         tail -3 "$out/rotation-cost-small.log" | cut -c1-900
         timeout 80 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider \

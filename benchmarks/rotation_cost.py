@@ -71,7 +71,7 @@ GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
 
 
 def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=(),
-                  heads_stages=(), kv_blocks=(), gluon_variants=()) -> list[dict]:
+                  heads_stages=(), kv_blocks=(), gluon_variants=(), min_chunks=()) -> list[dict]:
     from prefill import graph_ms, make_batch
 
     import mla_plugins
@@ -105,6 +105,10 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
                          for n in heads_stages]
             from mla_plugins.core.kernels import gluon_rotate as gr
 
+            # pass 1's rows per chunk (triton_heads.MIN_CHUNK), unrotated and with the Gluon cast
+            for c in min_chunks:
+                variants += [(f"plain_chunk{c}", False, None, {(th, "MIN_CHUNK"): c}),
+                             (f"rot_gluon_chunk{c}", True, "gluon", {(th, "MIN_CHUNK"): c})]
             variants += [(f"rot_gluon_{g.replace('+', '_')}", True, "gluon",
                           {(th, name.split(".")[1]) if name.startswith("triton_heads.")
                            else (gr, name): value for name, value in GLUON_KNOBS[g].items()})
@@ -114,8 +118,17 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
                          for n in kv_blocks]
         fns = {}
         for key, rotate, rotation, knobs in variants:
-            own = plan if knobs is None else mla_plugins.plan_prefill(
-                cq.tolist(), ck.tolist(), num_heads=heads, fp8=True, kernel=kernel, device=device)
+            own = plan
+            if knobs is not None:  # its own plan, made with the knobs set (its workspace size)
+                saved = {k_: getattr(*k_) for k_ in knobs}
+                try:
+                    for (module, attr), value in knobs.items():
+                        setattr(module, attr, value)
+                    own = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads,
+                                                   fp8=True, kernel=kernel, device=device)
+                finally:
+                    for (module, attr), value in saved.items():
+                        setattr(module, attr, value)
             fns[key] = _variant(mla_plugins.mla_prefill, tq, q, k, v, own, out, kernel, rotate,
                                 rotation, knobs)
         samples = {key: [] for key in fns}
@@ -165,6 +178,9 @@ def main() -> None:
     parser.add_argument("--gluon-variants", default="",
                         help="also the Gluon cast through FA3 with these knobs (GLUON_KNOBS): "
                              f"some of {','.join(GLUON_KNOBS)}")
+    parser.add_argument("--min-chunks", default="",
+                        help="also FA3 unrotated and with the Gluon cast at these rows per chunk of "
+                             "the scale pass (triton_heads.MIN_CHUNK), e.g. 64,128")
     parser.add_argument("--rotations", default=None,
                         help="the implementations timed (default: all of triton_quant.ROTATIONS)")
     args = parser.parse_args()
@@ -188,8 +204,9 @@ def main() -> None:
         if unknown:
             parser.error(f"--gluon-variants: found {','.join(unknown)}, expected some of "
                          f"{','.join(GLUON_KNOBS)}")
+        min_chunks = [int(c) for c in args.min_chunks.split(",") if c]
         rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device,
-                              blocks, stages, kv_blocks, gluon_variants)
+                              blocks, stages, kv_blocks, gluon_variants, min_chunks)
         torch.cuda.empty_cache()
         if args.out:  # what is measured survives a call cut short
             with open(args.out, "w") as f:
