@@ -344,6 +344,14 @@ if gluon is not None:
                 gl.load(src + off + 10 * GROUP_G), gl.load(src + off + 11 * GROUP_G))
 
     @gluon.jit
+    def _load_rows_from(src_h, r0, r_end, t, f, sx_t):
+        """`_load_rows` of the ROWS rows from row r0 of one head (src_h at its row 0; `t`,
+        `f` the rows and features of the load layout), rows past the sequence's end r_end
+        loading its last row (module doc): r0 at or past r_end loads that row alone."""
+        return _load_rows(src_h + r0.to(gl.int64) * sx_t,
+                          gl.minimum(t, r_end - r0 - 1)[:, None] * sx_t + f[None, :])
+
+    @gluon.jit
     def _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst, off8, ok8, c, fast,
                    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, FP8_MAX: gl.constexpr,
                    out_ty: gl.constexpr, B: gl.constexpr, ACC: gl.constexpr,
@@ -483,18 +491,15 @@ if gluon is not None:
                             # loads, whose registers would be zeroed first): each accumulator
                             # column is one row's, and their stores are masked off; the step
                             # after the last loads that row too
-                            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11 = _load_rows(
-                                src_h + first.to(gl.int64) * sx_t,
-                                gl.minimum(t, r_end - first - 1)[:, None] * sx_t + f[None, :])
+                            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11 = _load_rows_from(
+                                src_h, first, r_end, t, f, sx_t)
                             c, fast = _qk_scale(Partials, Descales, which, b, h, bh, heads,
                                                 splits, jb, FP8_MAX, SATURATES, L1)
                             steps = (gl.minimum(r_end - first, BLOCKS * ROWS) + ROWS - 1) // ROWS
                             for i in range(0, steps):
                                 r0 = first + i * ROWS
-                                rn = r0 + ROWS
-                                n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11 = _load_rows(
-                                    src_h + rn.to(gl.int64) * sx_t,
-                                    gl.minimum(t, r_end - rn - 1)[:, None] * sx_t + f[None, :])
+                                n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11 = (
+                                    _load_rows_from(src_h, r0 + ROWS, r_end, t, f, sx_t))
                                 ok8 = (t8 < r_end - r0)[:, None] & (f8 < GROUP_G)[None, :]
                                 dst = X8 + (r0.to(gl.int64) * heads + h) * width
                                 _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst,
@@ -512,12 +517,10 @@ if gluon is not None:
                         for i in range(0, BLOCKS):
                             r0 = first + i * ROWS
                             if r0 < r_end:
-                                # rows past the sequence's end load its last row (as above)
-                                off = gl.minimum(t, r_end - r0 - 1)[:, None] * sx_t + f[None, :]
                                 ok8 = (t8 < r_end - r0)[:, None] & (f8 < GROUP_G)[None, :]
                                 dst = X8 + (r0.to(gl.int64) * heads + h) * width
-                                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11 = _load_rows(
-                                    src_h + r0.to(gl.int64) * sx_t, off)
+                                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11 = _load_rows_from(
+                                    src_h, r0, r_end, t, f, sx_t)
                                 _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst,
                                            off8, ok8, c, fast, a0, a1, a2, a3, a4, a5, a6, a7,
                                            a8, a9, a10, a11, FP8_MAX, out_ty, B, ACC, ST, SO,
