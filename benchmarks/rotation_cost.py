@@ -17,6 +17,7 @@ the variants interleaved, median per variant; errors against float64 on the outl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -35,6 +36,19 @@ RUNS = {"flash_attn": ("dense", "kron", "gluon"), "triton": ("dense", "kron")}
 OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 
 
+@contextlib.contextmanager
+def _knobs_set(knobs):
+    """{(module, name): value} of module constants set inside the block, restored after."""
+    saved = {key: getattr(*key) for key in knobs}
+    try:
+        for (module, name), value in knobs.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+
+
 def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, knobs=None):
     """The call of one variant; `knobs` ({(module, name): value} of module constants the
     providers read per call: triton_heads' BLOCKS_ROTATED or STAGES, triton_quant's
@@ -44,18 +58,12 @@ def _variant(mla_prefill, tq, q, k, v, plan, out, kernel, rotate, rotation, knob
     knobs = dict(knobs or {})
     if rotation is not None:  # triton_quant.ROTATION names the per-head cast too
         knobs.setdefault((th, "HEAD_ROTATION"), None)
-    saved = {key: getattr(*key) for key in knobs}
 
     def fn():
         if rotation is not None:
             tq.ROTATION = rotation
-        for (module, name), value in knobs.items():
-            setattr(module, name, value)
-        try:
+        with _knobs_set(knobs):
             mla_prefill(q, k, v, plan=plan, fp8=True, fp8_rotate=rotate, out=out, kernel=kernel)
-        finally:
-            for (module, name), value in saved.items():
-                setattr(module, name, value)
     return fn
 
 
@@ -120,15 +128,9 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
         for key, rotate, rotation, knobs in variants:
             own = plan
             if knobs is not None:  # its own plan, made with the knobs set (its workspace size)
-                saved = {k_: getattr(*k_) for k_ in knobs}
-                try:
-                    for (module, attr), value in knobs.items():
-                        setattr(module, attr, value)
+                with _knobs_set(knobs):
                     own = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads,
                                                    fp8=True, kernel=kernel, device=device)
-                finally:
-                    for (module, attr), value in saved.items():
-                        setattr(module, attr, value)
             fns[key] = _variant(mla_plugins.mla_prefill, tq, q, k, v, own, out, kernel, rotate,
                                 rotation, knobs)
         samples = {key: [] for key in fns}
