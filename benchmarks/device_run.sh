@@ -42,6 +42,10 @@
 #                                         # warp through FA3 at the three small shapes
 #   bash benchmarks/device_run.sh final30b # final30 cut to fit little device time: the small
 #                                         # shapes' knobs, then the GPU tests of the quantization
+#   bash benchmarks/device_run.sh dev31   # every GPU test, then final30b's knobs and --min-chunks 64
+#                                         # at the small shapes
+#   bash benchmarks/device_run.sh dev31b  # the GPU suite's second half, the rotation's cost through
+#                                         # FA3 at every shape (MIN_CHUNK 64, whole-tile chunks)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -50,7 +54,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -76,11 +80,16 @@ rotation_calls() {
         > "$out/gpu-tests-$1.log" 2>&1 || status=1
     tail -8 "$out/gpu-tests-$1.log"
 }
-# every GPU test, bounded by $1 seconds, into gpu-tests.log; its last $2 lines shown
+# every GPU test, bounded by $1 seconds, into gpu-tests$3.log; its last $2 lines shown; $3 (as
+# "-2of2"): part 2 of 2 of them only (benchmarks/pytest_part.py), for a cold machine, where
+# the whole suite outlasts one call
 all_gpu_tests() {
-    timeout "$1" python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
-        -q --maxfail=20 -p no:cacheprovider > "$out/gpu-tests.log" 2>&1 || status=1
-    tail -"$2" "$out/gpu-tests.log"
+    local part=${3:-}
+    part=${part#-}
+    MLA_TEST_PART=${part/of//} PYTHONPATH="$PYTHONPATH:benchmarks" timeout "$1" \
+        python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
+        -q --maxfail=20 -p no:cacheprovider -p pytest_part > "$out/gpu-tests${3:-}.log" 2>&1 || status=1
+    tail -"$2" "$out/gpu-tests${3:-}.log"
 }
 # Nsight Compute of one phase-1 launch each, ours (the Gluon kernel, profile_phase1.py) and FA3's
 # FP8 forward, at shape $1: each bounded by $2 seconds, into ncu-<who>$3.txt, its lines matching
@@ -319,6 +328,31 @@ PY
             -k "quant or rotat or kron or heads or isolat" > "$out/gpu-tests-final30b.log" 2>&1 || status=1
         tail -3 "$out/gpu-tests-final30b.log"
         ;;
+    dev31b)
+        # the GPU suite's second half (dev31's first call ran out at 60%), then the rotation's
+        # cost through FA3 at every shape with whole-tile chunks of MIN_CHUNK 64, beside 256
+        all_gpu_tests 270 8 -2of2
+        timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --min-chunks 256 --out "$out/h200-rotation-stop31.json" > "$out/rotation-cost-stop31.log" 2>&1 || status=1
+        python3 - "$out/h200-rotation-stop31.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.startswith("err_") or k.endswith("graph_ms")}, r.get("error", ""))
+PY
+        # the FA3 provider's tests again on this tree (the first half ran before the chunk change)
+        timeout 110 python3 -m pytest tests/gpu/test_flash_attn_gpu.py -q -p no:cacheprovider \
+            --maxfail=10 > "$out/gpu-tests-fa3.log" 2>&1 || status=1
+        tail -3 "$out/gpu-tests-fa3.log"
+        ;;
+    dev31)
+        all_gpu_tests 290 6
+        timeout 110 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants w8,w2,r16,b1 --min-chunks 64 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --out "$out/h200-rotation-small-knobs.json" > "$out/rotation-cost-small.log" 2>&1 || status=1
+        tail -3 "$out/rotation-cost-small.log" | cut -c1-1500
+        ;;
     final29)
         # stop 29's final run: the FA3 provider's GPU tests (equal-length batches in FA3's
         # batched layout among them), then the benchmark without its serving section (every
@@ -351,7 +385,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

@@ -19,6 +19,7 @@ their scales, taken by the same code from the same loads, to equality with each 
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import pytest
@@ -229,6 +230,16 @@ def test_quantize_heads_follows_head_quantize(emulated, mode, splits):
     # the partials are the chunks' amax / l1 bound: their max is the descale's numerator
     amax = partials.amax(0)  # NaN propagates
     assert same(torch.where(amax == 0, 1.0, amax / LIMIT), descales)
+    # pass 1's chunks are whole 64-row tiles but the last non-empty one (200 rows in 3:
+    # 128, 72, 0): v's partials are exactly the amax of each chunk's rows, 0 where empty
+    for i in range(b):
+        r0, r1 = int(ck[i]), int(ck[i + 1])
+        size = math.ceil(math.ceil((r1 - r0) / splits) / th.HEAD_BLOCK) * th.HEAD_BLOCK
+        for c in range(splits):
+            c0 = min(r0 + c * size, r1)
+            rows = v[c0:min(c0 + size, r1)].float().abs()
+            want = rows.amax((0, 2)) if len(rows) else torch.zeros(heads)
+            assert torch.equal(partials[c, 2, i], want), (i, c)
 
 
 def test_rotated_blocks_leave_every_byte():
@@ -282,7 +293,8 @@ def test_head_splits_fill_the_gpu():
 
     assert th.head_splits(8192, 1, 16, 132) == 32  # 16 programs: as many chunks as allowed
     assert th.head_splits(16384, 1, 128, 132) == 5  # ~4 programs per SM
-    assert th.head_splits(512, 16, 16, 132) == 2  # no chunk shorter than MIN_CHUNK rows
+    assert th.head_splits(512, 16, 16, 132) == 3  # ~4 programs per SM
+    assert th.head_splits(1024, 1, 16, 132) == 16  # no chunk shorter than MIN_CHUNK rows
     assert th.head_splits(100, 64, 128, 132) == 1
     assert th.head_splits(0, 1, 1, 132) == 1
     with pytest.raises(ValueError, match="splits: found 33"):

@@ -50,8 +50,11 @@ HEAD_BLOCK = 64
 #: the most chunks a sequence is cut into in pass 1 (pass 2 reduces them as one vector)
 MAX_SPLITS = 32
 assert gr.MAX_SPLITS == MAX_SPLITS
-#: rows below which a chunk is not worth its own program (head_splits)
-MIN_CHUNK = 256
+#: rows below which a chunk is not worth its own program (head_splits): one tile. Measured
+#: (benchmarks/NOTES.md, stop 31, H100): 64 in place of 256 took the FA3 provider's fp8 call
+#: from 40.0 to 33.0 us at B1-S1024-H16 and 49.8 to 41.2 at B1-S2048-H8 (pass 1 ran 64
+#: programs on 132 SMs there), and changes no byte: a partial is a max over its rows
+MIN_CHUNK = 64
 #: pass-2 blocks one program casts in turn; rotated, each program first fills shared memory
 #: with M (72 KB from L2), which more blocks per program amortize
 BLOCKS = 1
@@ -97,11 +100,12 @@ if triton is not None:
 
     @triton.jit
     def _chunk(Cu, b, s, splits):
-        """Rows [c0, c1) of sequence b's chunk s of `splits` (ceil-sized; the last ones may
-        be short or empty)."""
+        """Rows [c0, c1) of sequence b's chunk s of `splits`: ceil-sized and rounded up to
+        whole HEAD_BLOCK tiles, so no chunk but the last non-empty one ends in a part tile
+        (the last ones may be short or empty)."""
         r0 = tl.load(Cu + b)
         r1 = tl.load(Cu + b + 1)
-        size = tl.cdiv(r1 - r0, splits)
+        size = tl.cdiv(tl.cdiv(r1 - r0, splits), HEAD_BLOCK_C) * HEAD_BLOCK_C
         c0 = tl.minimum(r0 + s * size, r1)
         return c0, tl.minimum(c0 + size, r1)
 
