@@ -45,7 +45,9 @@
 #   bash benchmarks/device_run.sh dev31   # every GPU test, then final30b's knobs and --min-chunks 64
 #                                         # at the small shapes
 #   bash benchmarks/device_run.sh dev31b  # the GPU suite's second half, the rotation's cost through
-#                                         # FA3 at every shape (MIN_CHUNK 64, whole-tile chunks)
+#                                         # FA3 at the small shapes (MIN_CHUNK 64 beside 256), the
+#                                         # per-head quantization's passes apart (head_passes.py),
+#                                         # the FA3 provider's GPU tests
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -330,10 +332,11 @@ PY
         ;;
     dev31b)
         # the GPU suite's second half (dev31's first call ran out at 60%), then the rotation's
-        # cost through FA3 at every shape with whole-tile chunks of MIN_CHUNK 64, beside 256
+        # cost through FA3 at the small shapes with whole-tile chunks of MIN_CHUNK 64, beside 256
+        # (the large shapes' splits are the same with either)
         all_gpu_tests 270 8 -2of2
-        timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
-            --min-chunks 256 --out "$out/h200-rotation-stop31.json" > "$out/rotation-cost-stop31.log" 2>&1 || status=1
+        timeout 110 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --min-chunks 256 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 --out "$out/h200-rotation-stop31.json" > "$out/rotation-cost-stop31.log" 2>&1 || status=1
         python3 - "$out/h200-rotation-stop31.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -341,6 +344,9 @@ print(d["env"])
 for r in d["rows"]:
     print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.startswith("err_") or k.endswith("graph_ms")}, r.get("error", ""))
 PY
+        timeout 90 python3 benchmarks/head_passes.py --out "$out/h200-head-passes.json" \
+            > "$out/head-passes.log" 2>&1 || status=1
+        cut -c1-700 "$out/head-passes.log" | tail -6
         # the FA3 provider's tests again on this tree (the first half ran before the chunk change)
         timeout 110 python3 -m pytest tests/gpu/test_flash_attn_gpu.py -q -p no:cacheprovider \
             --maxfail=10 > "$out/gpu-tests-fa3.log" 2>&1 || status=1
