@@ -48,6 +48,8 @@
 #                                         # FA3 at the small shapes (MIN_CHUNK 64 beside 256), the
 #                                         # per-head quantization's passes apart (head_passes.py),
 #                                         # the FA3 provider's GPU tests
+#   bash benchmarks/device_run.sh dev32a  # the rotation's cost through FA3 at every shape, then
+#                                         # head_passes.py (the per-head quantization's passes apart)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -56,7 +58,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -352,6 +354,17 @@ PY
             --maxfail=10 > "$out/gpu-tests-fa3.log" 2>&1 || status=1
         tail -3 "$out/gpu-tests-fa3.log"
         ;;
+    dev32a)
+        # stop 32's first call: the rotation's cost through FA3 at every shape on this tree
+        # (whole-tile chunks, MIN_CHUNK 64; 256 beside it), then the per-head quantization's
+        # two passes timed apart, to put the small shapes' cost on the pass that carries it
+        timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --min-chunks 256 --out "$out/h200-rotation-stop32.json" > "$out/rotation-cost-stop32.log" 2>&1 || status=1
+        tail -12 "$out/rotation-cost-stop32.log" | cut -c1-900
+        timeout 90 python3 benchmarks/head_passes.py --out "$out/h200-head-passes.json" \
+            > "$out/head-passes.log" 2>&1 || status=1
+        cut -c1-900 "$out/head-passes.log" | tail -8
+        ;;
     dev31)
         all_gpu_tests 290 6
         timeout 110 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
@@ -391,7 +404,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
