@@ -49,7 +49,8 @@
 #                                         # per-head quantization's passes apart (head_passes.py),
 #                                         # the FA3 provider's GPU tests
 #   bash benchmarks/device_run.sh dev32a  # the rotation's cost through FA3 at every shape, then
-#                                         # head_passes.py (the per-head quantization's passes apart)
+#                                         # head_passes.py (the per-head quantization's passes apart), the GPU suite's first half
+#   bash benchmarks/device_run.sh dev32b  # the GPU suite's second half
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -58,7 +59,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -364,6 +365,12 @@ PY
         timeout 90 python3 benchmarks/head_passes.py --out "$out/h200-head-passes.json" \
             > "$out/head-passes.log" 2>&1 || status=1
         cut -c1-900 "$out/head-passes.log" | tail -8
+        # then the GPU suite's first half on this tree
+        all_gpu_tests 280 8 -1of2
+        ;;
+    dev32b)
+        # the GPU suite's second half
+        all_gpu_tests 560 8 -2of2
         ;;
     dev31)
         all_gpu_tests 290 6
@@ -404,7 +411,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
