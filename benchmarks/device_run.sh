@@ -356,17 +356,26 @@ PY
         tail -3 "$out/gpu-tests-fa3.log"
         ;;
     dev32a)
-        # stop 32's first call: the rotation's cost through FA3 at every shape on this tree
-        # (whole-tile chunks, MIN_CHUNK 64; 256 beside it), then the per-head quantization's
-        # two passes timed apart, to put the small shapes' cost on the pass that carries it
+        # stop 32's first call: PDL's tests (the per-head quantization's pass 2 launched as pass
+        # 1's programmatic dependent: every byte as with two ordinary launches), the rotation's
+        # cost through FA3 at every shape with and without PDL, the two passes timed apart,
+        # then the GPU suite's first half on this tree
+        timeout 150 python3 -m pytest tests/gpu/test_triton.py tests/gpu/test_gluon_rotation.py -q \
+            -p no:cacheprovider -k "pdl or knobs_leave" > "$out/gpu-tests-pdl.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-pdl.log"
         timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
-            --min-chunks 256 --out "$out/h200-rotation-stop32.json" > "$out/rotation-cost-stop32.log" 2>&1 || status=1
-        tail -12 "$out/rotation-cost-stop32.log" | cut -c1-900
-        timeout 90 python3 benchmarks/head_passes.py --out "$out/h200-head-passes.json" \
+            --pdl-off --out "$out/h200-rotation-stop32.json" > "$out/rotation-cost-stop32.log" 2>&1 || status=1
+        python3 - "$out/h200-rotation-stop32.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
+PY
+        timeout 100 python3 benchmarks/head_passes.py --out "$out/h200-head-passes.json" \
             > "$out/head-passes.log" 2>&1 || status=1
         cut -c1-900 "$out/head-passes.log" | tail -8
-        # then the GPU suite's first half on this tree
-        all_gpu_tests 280 8 -1of2
+        all_gpu_tests 240 8 -1of2
         ;;
     dev32b)
         # the GPU suite's second half

@@ -76,10 +76,13 @@ GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
                "w8": {"NUM_WARPS": 8}, "w2": {"NUM_WARPS": 2}, "r16": {"ROWS_PER_WARP": 16},
                # triton_heads': 64-row blocks a program where rotated_blocks falls back
                "b1": {"triton_heads.BLOCKS_ROTATED": 1}}
+#: `--pdl-off`: FA3 unrotated and with the Gluon cast, the per-head quantization's two
+#: passes launched as ordinary launches (triton_heads.PDL False), beside the default
 
 
 def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=(),
-                  heads_stages=(), kv_blocks=(), gluon_variants=(), min_chunks=()) -> list[dict]:
+                  heads_stages=(), kv_blocks=(), gluon_variants=(), min_chunks=(),
+                  pdl_off=False) -> list[dict]:
     from prefill import graph_ms, make_batch
 
     import mla_plugins
@@ -117,6 +120,9 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
             for c in min_chunks:
                 variants += [(f"plain_chunk{c}", False, None, {(th, "MIN_CHUNK"): c}),
                              (f"rot_gluon_chunk{c}", True, "gluon", {(th, "MIN_CHUNK"): c})]
+            if pdl_off:
+                variants += [("plain_nopdl", False, None, {(th, "PDL"): False}),
+                             ("rot_gluon_nopdl", True, "gluon", {(th, "PDL"): False})]
             variants += [(f"rot_gluon_{g.replace('+', '_')}", True, "gluon",
                           {(th, name.split(".")[1]) if name.startswith("triton_heads.")
                            else (gr, name): value for name, value in GLUON_KNOBS[g].items()})
@@ -183,6 +189,9 @@ def main() -> None:
     parser.add_argument("--min-chunks", default="",
                         help="also FA3 unrotated and with the Gluon cast at these rows per chunk of "
                              "the scale pass (triton_heads.MIN_CHUNK), e.g. 64,128")
+    parser.add_argument("--pdl-off", action="store_true",
+                        help="also FA3 unrotated and with the Gluon cast with the per-head "
+                             "quantization's passes launched without PDL (triton_heads.PDL)")
     parser.add_argument("--rotations", default=None,
                         help="the implementations timed (default: all of triton_quant.ROTATIONS)")
     args = parser.parse_args()
@@ -208,7 +217,8 @@ def main() -> None:
                          f"{','.join(GLUON_KNOBS)}")
         min_chunks = [int(c) for c in args.min_chunks.split(",") if c]
         rows += measure_shape(name, lq, lk, heads, args.kernels.split(","), rotations, device,
-                              blocks, stages, kv_blocks, gluon_variants, min_chunks)
+                              blocks, stages, kv_blocks, gluon_variants, min_chunks,
+                              args.pdl_off)
         torch.cuda.empty_cache()
         if args.out:  # what is measured survives a call cut short
             with open(args.out, "w") as f:

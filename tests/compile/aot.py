@@ -203,14 +203,16 @@ def record_heads(arch: str, *, rotate: bool, batch=BATCH, layout: str = "vllm",
         v = vllm_v_view(v)
     splits = th.head_splits(max(lens), len(lens), heads, 132)
     calls: list = []
-    reasons = th.gluon_reasons
+    reasons, pdl = th.gluon_reasons, th._pdl_capable
     try:
+        # answered as on the GPU: the Gluon cast runs on sm_90, and so does PDL (Hopper)
         th.gluon_reasons = lambda device: []
+        th._pdl_capable = lambda device: cuda
         with _recording(calls, cuda, cuda):
             th.quantize_heads(q, k, v, cq, ck, len(lens), max(lens), max(lens), splits,
                               FP8_DTYPE[arch], rotate=rotate, rotation=rotation)
     finally:
-        th.gluon_reasons = reasons
+        th.gluon_reasons, th._pdl_capable = reasons, pdl
     return calls
 
 
@@ -245,11 +247,12 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
                 + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else ""))
+    pdl = " pdl" if c.get("PDL") else ""
     if fn.__name__ == "_gluon_cast_kernel":
-        return f"heads cast rotate gluon w{c['num_warps']}"
+        return f"heads cast rotate gluon w{c['num_warps']}" + pdl
     if fn.__name__ in ("_head_bound_kernel", "_head_cast_kernel"):
         part = "bound" if fn.__name__ == "_head_bound_kernel" else "cast"
-        return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}"
+        return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}" + pdl
     if fn.__name__ == "_quant_qkv_kernel":
         blocks = f" kv{c['KV_BLOCKS']}" if c.get("KV_BLOCKS", 1) > 1 else ""
         return "quant_qkv" + _rotation(c) + blocks + f" w{c['num_warps']}"

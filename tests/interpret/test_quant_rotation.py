@@ -634,3 +634,30 @@ def test_head_rotation_takes_gluon_only_where_it_runs(monkeypatch):
     # here (no GPU, the interpreter) the real lookup says no
     monkeypatch.setattr(th, "gluon_reasons", th.gr.gluon_reasons)
     assert th.head_rotation(torch.device("cpu")) == tq.ROTATION
+
+
+def test_head_pdl_only_on_hopper_cuda(monkeypatch):
+    """`triton_heads.head_pdl` (pass 2 as pass 1's programmatic dependent): CUDA devices of
+    compute capability 9.0 or later, the capability looked up once per device; never on the
+    CPU (the interpreter), on ROCm or with PDL off; `pdl=True` where it cannot run is refused
+    naming the argument."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    asked = []
+    caps = {0: (9, 0), 1: (8, 9)}
+    monkeypatch.setattr(th, "_gluon_runs", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda d: asked.append(d.index) or caps[d.index])
+    monkeypatch.setattr(torch.version, "hip", None)
+    hopper, ada = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert th.head_pdl(hopper) and th.head_pdl(hopper) and not th.head_pdl(ada)
+    assert asked == [0, 1], "looked up once per device"
+    assert not th.head_pdl(torch.device("cpu"))
+    monkeypatch.setattr(th, "PDL", False)
+    assert not th.head_pdl(hopper)
+    monkeypatch.setattr(th, "PDL", True)
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert not th.head_pdl(hopper)
+    q, k, v, cq, ck = batch(bad=False)
+    with pytest.raises(ValueError, match="pdl: found True on cpu"):
+        th.quantize_heads(q, k, v, cq, ck, 5, 130, 200, 3, STORE, rotate=False, pdl=True)

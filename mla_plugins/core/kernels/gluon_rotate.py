@@ -395,6 +395,13 @@ if gluon is not None:
         return gl.where(amax == 0, 1.0, gl.div_rn(amax, gl.full([], FP8_MAX, gl.float32)))
 
     @gluon.jit
+    def _grid_wait():
+        """griddepcontrol.wait (triton_heads.gdc_wait, in Gluon): the launch this one depends
+        on has completed and its stores are visible."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
     def _reciprocal(scale):
         return gl.div_rn(gl.full([], 1.0, gl.float32), scale)
 
@@ -417,14 +424,16 @@ if gluon is not None:
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits, n_q, n_k,
         FP8_MAX: gl.constexpr, HEADS_PER_PROGRAM: gl.constexpr, BLOCKS: gl.constexpr,
         ROWS_PER_WARP: gl.constexpr, SATURATES: gl.constexpr, PREFETCH: gl.constexpr,
-        PAIRED: gl.constexpr,
+        PAIRED: gl.constexpr, PDL: gl.constexpr = False,
     ):
         """triton_heads._head_cast_kernel with the rotation (the same grid, descales and
         outputs), q and k rotated as the module doc says. Grid (n_q + 2 n_k, sequences,
         heads / HEADS_PER_PROGRAM); a program casts BLOCKS steps of ROWS_PER_WARP (8 or 16)
         * num_warps rows. SATURATES: FP8_MAX is the fp8 format's own largest value, so the
         conversion's saturation is the clamp (FAST heads); else every head takes the rule's
-        clamp."""
+        clamp. PDL: launched while pass 1 may still run (triton_heads' module doc): the
+        operands, the sequence's bounds and (PREFETCH) the first step's rows are loaded
+        before `_grid_wait`, the partials after."""
         W: gl.constexpr = gl.num_warps()
         ROWS: gl.constexpr = ROWS_PER_WARP * W
         ACC: gl.constexpr = _mma_layout(W)
@@ -493,6 +502,8 @@ if gluon is not None:
                             # after the last loads that row too
                             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11 = _load_rows_from(
                                 src_h, first, r_end, t, f, sx_t)
+                            if PDL:
+                                _grid_wait()
                             c, fast = _qk_scale(Partials, Descales, which, b, h, bh, heads,
                                                 splits, jb, FP8_MAX, SATURATES, L1)
                             steps = (gl.minimum(r_end - first, BLOCKS * ROWS) + ROWS - 1) // ROWS
@@ -509,9 +520,13 @@ if gluon is not None:
                                 x0, x1, x2, x3, x4, x5 = n0, n1, n2, n3, n4, n5
                                 x6, x7, x8, x9, x10, x11 = n6, n7, n8, n9, n10, n11
                         else:  # an empty sequence's program: its descale alone
+                            if PDL:
+                                _grid_wait()
                             _qk_scale(Partials, Descales, which, b, h, bh, heads, splits, jb,
                                       FP8_MAX, SATURATES, L1)
                     else:
+                        if PDL:
+                            _grid_wait()
                         c, fast = _qk_scale(Partials, Descales, which, b, h, bh, heads, splits,
                                             jb, FP8_MAX, SATURATES, L1)
                         for i in range(0, BLOCKS):
@@ -539,6 +554,8 @@ if gluon is not None:
                 off8 = t[:, None] * (heads * DV_G) + cv[None, :]
                 for hh in range(0, HEADS_PER_PROGRAM):
                     h = g * HEADS_PER_PROGRAM + hh
+                    if PDL:
+                        _grid_wait()
                     s = _head_scale(Partials, 2, b, h, bh, heads, splits, FP8_MAX, L1)
                     if jb == 0:
                         gl.store(Descales + (2 * bh + b * heads + h), s)

@@ -24,6 +24,13 @@ from the device and no torch operation runs between the two launches, so
 `triton_launch.wrap_kernels(triton_heads)`; make `triton_quant.rotation_operand` before
 recording, and count it and the partials among the recording's constant buffers).
 
+With PDL (programmatic dependent launch, `head_pdl`: CUDA devices of compute capability 9.0
+or later), pass 1 lets pass 2 start early (`griddepcontrol.launch_dependents` at its top)
+and pass 2 is launched with the attribute that allows it: its programs load what does not
+depend on pass 1 (the Gluon cast's operands and first rows, the sequence bounds) while pass
+1 runs, and wait (`griddepcontrol.wait`: pass 1 complete, its stores visible) before the
+partials. The next launch (FA3's) is an ordinary one and waits for pass 2 as before.
+
 Stored fp8 values are finite (NaN -> 0); a NaN or inf of a (sequence, head) travels in its
 descale, which no other (sequence, head) shares. This module imports triton when imported.
 """
@@ -98,6 +105,20 @@ if triton is not None:
     MAX_SPLITS_C = tl.constexpr(MAX_SPLITS)
     ROTATION_SCALE_C = tl.constexpr(tq.ROTATION_SCALE)
 
+    # PTX's grid dependency control, as triton.language.extra.cuda.gdc_* write it (that module
+    # is absent from a Triton built for ROCm alone); compiled only where PDL is set
+    @triton.jit
+    def gdc_launch_dependents():
+        """The dependent launch may start once every program of this one got here."""
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def gdc_wait():
+        """Wait until the launch this one depends on has completed, its stores visible."""
+        tl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
     @triton.jit
     def _chunk(Cu, b, s, splits):
         """Rows [c0, c1) of sequence b's chunk s of `splits`: ceil-sized and rounded up to
@@ -149,10 +170,13 @@ if triton is not None:
     @triton.jit(do_not_specialize=["batch", "splits"])
     def _head_bound_kernel(
         Q, K, V, CuQ, CuK, Partials, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits,
-        ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+        ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr = False,
     ):
         """Grid (splits, sequences, heads / HEADS_PER_PROGRAM): partials[s, t, b, h] for
-        t = q, k, v (module doc)."""
+        t = q, k, v (module doc). PDL: pass 2 may start at once (it waits for this launch's
+        completion before reading the partials)."""
+        if PDL:
+            gdc_launch_dependents()
         s = tl.program_id(0)
         b = tl.program_id(1)
         g = tl.program_id(2)
@@ -181,7 +205,7 @@ if triton is not None:
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits, n_q, n_k,
         FP8_MAX: tl.constexpr, ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
         BLOCKS: tl.constexpr, KRON: tl.constexpr, KRON_ROWS: tl.constexpr,
-        STAGES: tl.constexpr,
+        STAGES: tl.constexpr, PDL: tl.constexpr = False,
     ):
         """Grid (n_q + 2 * n_k, sequences, heads / HEADS_PER_PROGRAM): programs j < n_q cast
         q's rows [j * BLOCKS * 64, ...) of the sequence, the next n_k k's, the last n_k v's;
@@ -190,13 +214,16 @@ if triton is not None:
         Rot `triton_quant.kron_operand`), else x @ M (Rot M). STAGES > 1 (not with KRON):
         the q and k blocks loop has no branch (a block past the sequence's end is all
         masked), so Triton's pipeliner can load the next blocks into shared memory while
-        the current one is multiplied and stored."""
+        the current one is multiplied and stored. PDL: launched while pass 1 may still run,
+        so every program waits for it (`gdc_wait`) before its first partial."""
         j = tl.program_id(0)
         b = tl.program_id(1)
         g = tl.program_id(2)
         bh = batch * heads
         width: tl.constexpr = NOPE_C + ROPE_C
         t = tl.arange(0, HEAD_BLOCK_C)
+        if PDL:
+            gdc_wait()
         if j < n_q + n_k:
             # q or k: the same code on the one or the other's pointers
             if j < n_q:
@@ -290,6 +317,7 @@ if triton is not None:
 #: rotation's cost +0.3-5% at the large shapes against dense's +5-17%); elsewhere, or None,
 #: `triton_quant.ROTATION` (what benchmarks and tests switch to time or check the others)
 HEAD_ROTATION: str | None = "gluon"
+#: per device: whether the Gluon cast runs (key (type, index)) and whether PDL does ("pdl", index)
 _gluon_runs: dict[tuple[str, int | None], bool] = {}
 
 
@@ -306,6 +334,29 @@ def head_rotation(device: torch.device) -> str:
         if not runs:
             return tq.current_rotation()
     return HEAD_ROTATION
+
+
+#: programmatic dependent launch of pass 2 after pass 1 (module doc) where `head_pdl` allows
+#: it; False: two ordinary launches (what benchmarks switch to compare)
+PDL = True
+
+
+def _pdl_capable(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9.0 or later, not ROCm (the interpreter's tensors
+    are on the CPU); looked up once per device."""
+    if device.type != "cuda" or torch.version.hip:
+        return False
+    key = ("pdl", device.index)
+    runs = _gluon_runs.get(key)
+    if runs is None:
+        runs = _gluon_runs[key] = torch.cuda.get_device_capability(device)[0] >= 9
+    return runs
+
+
+def head_pdl(device: torch.device) -> bool:
+    """Whether `quantize_heads` launches its passes with PDL on `device` by default: PDL set
+    and the device able to (`_pdl_capable`)."""
+    return PDL and _pdl_capable(device)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
@@ -374,6 +425,7 @@ def quantize_heads(
     rows_per_warp: int | None = None,
     prefetch: bool | None = None,
     paired_stores: bool | None = None,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
@@ -398,7 +450,9 @@ def quantize_heads(
     pass 1 runs as the dense rotation's (WARPS_ROTATED); `rows_per_warp` (8 or 16, default
     `gluon_rotate.ROWS_PER_WARP`) is the rows each warp casts per step, `prefetch` and
     `paired_stores` (default `gluon_rotate.PREFETCH`, `PAIRED_STORES`) its load pipelining
-    and store width; the bytes do not depend on any of them.
+    and store width; the bytes do not depend on any of them. `pdl`: pass 2 launched as
+    pass 1's programmatic dependent (module doc; None: `head_pdl`, True where it cannot run:
+    ValueError naming `pdl`).
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
@@ -428,6 +482,12 @@ def quantize_heads(
     q8, k8, v8, descales, partials = out
     if batch == 0 or heads == 0:
         return q8, k8, v8, descales, partials
+    if pdl is None:
+        pdl = head_pdl(q.device)
+    elif pdl and not _pdl_capable(q.device):
+        raise ValueError(f"pdl: found True on {q.device}, expected False: programmatic "
+                         f"dependent launch needs a CUDA device of compute capability 9.0 or later")
+    pdl = bool(pdl)
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
     if num_warps is not None and not glu:
@@ -439,7 +499,7 @@ def quantize_heads(
     _head_bound_kernel[(splits, batch, heads // hpp)](
         q, k, v, cu_seqlens_q, cu_seqlens_k, partials, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), batch, heads, splits,
-        ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, num_warps=warps,
+        ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, PDL=pdl, num_warps=warps,
     )
     if blocks is None:
         # dense: M's 72 KB load per program, which more blocks amortize (`rotated_blocks`
@@ -463,6 +523,8 @@ def quantize_heads(
     n_q = max(1, -(-max_seqlen_q // rows))
     n_k = max(1, -(-max_seqlen_k // rows))
     rot = tq.rotation_operand(q.device, q.dtype, rotation) if rotate else q
+    # the launch option only where it is on: ROCm's backend has no such option
+    launch = {"launch_pdl": True} if pdl else {}
     if glu:
         _gluon_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
             q, k, v, q8, k8, v8, descales, cu_seqlens_q, cu_seqlens_k, partials, rot,
@@ -472,7 +534,7 @@ def quantize_heads(
             ROWS_PER_WARP=per_warp, SATURATES=limit == float(torch.finfo(fp8_dtype).max),
             PREFETCH=gr.PREFETCH if prefetch is None else bool(prefetch),
             PAIRED=gr.PAIRED_STORES if paired_stores is None else bool(paired_stores),
-            num_warps=cast_warps,
+            PDL=pdl, num_warps=cast_warps, **launch,
         )
         return q8, k8, v8, descales, partials
     _head_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
@@ -480,6 +542,7 @@ def quantize_heads(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         batch, heads, splits, n_q, n_k,
         FP8_MAX=limit, ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, BLOCKS=blocks,
-        KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, STAGES=stages, num_warps=warps,
+        KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, STAGES=stages, PDL=pdl,
+        num_warps=warps, **launch,
     )
     return q8, k8, v8, descales, partials
