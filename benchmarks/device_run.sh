@@ -51,6 +51,8 @@
 #   bash benchmarks/device_run.sh dev32a  # the rotation's cost through FA3 at every shape, then
 #                                         # head_passes.py (the per-head quantization's passes apart), the GPU suite's first half
 #   bash benchmarks/device_run.sh dev32b  # the GPU suite's second half
+#   bash benchmarks/device_run.sh dev33   # ncu (full set) of the unrotated and the Gluon cast at
+#                                         # B1-S1024-H16 (profile_rotation.py --tokens 1024 --heads 16)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -59,7 +61,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -377,6 +379,16 @@ PY
         cut -c1-900 "$out/head-passes.log" | tail -8
         all_gpu_tests 240 8 -1of2
         ;;
+    dev33)
+        # stop 33: Nsight Compute (full set) of the per-head quantization's cast, unrotated and
+        # the Gluon cast, one launch each at B1-S1024-H16 (head_passes.py: the Gluon cast is
+        # 10.3 us against 5.7 there, the rotation's whole cost at the small shapes)
+        timeout 150 ncu --set full --kernel-name "regex:_head_cast_kernel|_gluon_cast_kernel" \
+            --launch-skip 2 --launch-count 2 python3 benchmarks/profile_rotation.py --tokens 1024 \
+            --heads 16 --rotations plain,gluon > "$out/ncu-casts-small.txt" 2>&1 || status=1
+        grep -E "_cast_kernel|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Executed Ipc A|Issue Slots Busy|Memory Throughput|L2 Hit|DRAM Throughput|Block Limit Reg|Waves Per SM|Executed Instructions  |Est. Speedup|Grid Size|Block Size" \
+            "$out/ncu-casts-small.txt" | head -70
+        ;;
     dev32b)
         # the GPU suite's second half
         all_gpu_tests 560 8 -2of2
@@ -420,7 +432,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
