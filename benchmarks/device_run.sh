@@ -53,6 +53,8 @@
 #   bash benchmarks/device_run.sh dev32b  # the GPU suite's second half
 #   bash benchmarks/device_run.sh dev33   # ncu (full set) of the unrotated and the Gluon cast at
 #                                         # B1-S1024-H16 (profile_rotation.py --tokens 1024 --heads 16)
+#   bash benchmarks/device_run.sh dev33b  # the Gluon cast's q and k programs first: its tests, ncu,
+#                                         # head_passes.py and rotation_cost.py beside the old order
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -61,7 +63,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -389,6 +391,33 @@ PY
         grep -E "_cast_kernel|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Executed Ipc A|Issue Slots Busy|Memory Throughput|L2 Hit|DRAM Throughput|Block Limit Reg|Waves Per SM|Executed Instructions  |Est. Speedup|Grid Size|Block Size" \
             "$out/ncu-casts-small.txt" | head -70
         ;;
+    dev33b)
+        # stop 33: the Gluon cast's programs in one dimension, q and k first (gluon_rotate
+        # "Program order"): its GPU tests and the FA3 provider's, ncu of the cast again (the
+        # SMs' active cycles), the passes apart and the rotation's cost through FA3 with the
+        # old order beside (QK_FIRST False: grid3)
+        timeout 200 python3 -m pytest tests/gpu/test_gluon_rotation.py tests/gpu/test_flash_attn_gpu.py \
+            -q -p no:cacheprovider > "$out/gpu-tests-order.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-order.log"
+        timeout 90 ncu --set full --kernel-name "regex:_gluon_cast_kernel" --launch-skip 1 \
+            --launch-count 1 python3 benchmarks/profile_rotation.py --tokens 1024 --heads 16 \
+            --rotations gluon > "$out/ncu-gluon-cast-order.txt" 2>&1 || status=1
+        grep -E "Duration|Elapsed Cycles  |Average SM Active|Maximum instance|Achieved Occupancy" \
+            "$out/ncu-gluon-cast-order.txt" | head -12
+        timeout 120 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --variants plain,gluon,gluon_grid3 --out "$out/head-passes-stop33.json" \
+            > "$out/head-passes-stop33.log" 2>&1 || status=1
+        cut -c1-600 "$out/head-passes-stop33.log" | tail -4
+        timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants grid3 --out "$out/rotation-stop33.json" > "$out/rotation-cost-stop33.log" 2>&1 || status=1
+        python3 - "$out/rotation-stop33.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
+PY
+        ;;
     dev32b)
         # the GPU suite's second half
         all_gpu_tests 560 8 -2of2
@@ -432,7 +461,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

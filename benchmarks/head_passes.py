@@ -11,7 +11,9 @@ left from a full call before), three rounds with the variants interleaved, the m
 variants: "plain" (the amax rule), "gluon" (rotated, the provider's default), "gluon_p1w16" and
 "gluon_p1w4" (pass 1 rotated at 16 and 4 warps in place of triton_heads.WARPS_ROTATED),
 "plain_nopdl" and "gluon_nopdl" (the passes as two ordinary launches, triton_heads.PDL False;
-the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` allows).
+the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` allows),
+"gluon_grid3" (the Gluon cast's programs in (program, sequence, head) order,
+gluon_rotate.QK_FIRST False).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prefill import SHAPES, graph_ms  # noqa: E402
 from rotation_cost import _knobs_set  # noqa: E402
 
-#: name: (rotate, {triton_heads constant: value} set for the variant's calls)
+#: name: (rotate, {triton_heads constant, or gluon_rotate's as "gr.NAME": value} set for the
+#: variant's calls)
 VARIANTS = {"plain": (False, {}), "gluon": (True, {}),
             "gluon_p1w16": (True, {"WARPS_ROTATED": 16}),
             "gluon_p1w4": (True, {"WARPS_ROTATED": 4}),
-            "plain_nopdl": (False, {"PDL": False}), "gluon_nopdl": (True, {"PDL": False})}
+            "plain_nopdl": (False, {"PDL": False}), "gluon_nopdl": (True, {"PDL": False}),
+            "gluon_grid3": (True, {"gr.QK_FIRST": False})}
 
 
 class _NoLaunch:
@@ -52,6 +56,7 @@ def _call(th, q, k, v, cu_q, cu_k, lens_q, lens_k, splits, out, sms, rotate):
 
 
 def measure(name, lens_q, lens_k, heads, variants):
+    from mla_plugins.core.kernels import gluon_rotate as gr
     from mla_plugins.core.kernels import triton_heads as th
 
     dev = torch.device("cuda")
@@ -75,7 +80,8 @@ def measure(name, lens_q, lens_k, heads, variants):
             # each pass alone: the other one's launch left out
             skip = {"pass1": "_gluon_cast_kernel" if rotate else "_head_cast_kernel",
                     "pass2": "_head_bound_kernel"}
-            with _knobs_set({(th, n): val for n, val in knobs.items()}):
+            with _knobs_set({(gr, n[3:]) if n.startswith("gr.") else (th, n): val
+                             for n, val in knobs.items()}):
                 samples.setdefault(f"{key}_both", []).append(graph_ms(fn))
                 for which, left_out in skip.items():
                     fn()  # the left-out pass's outputs, fresh
@@ -101,13 +107,13 @@ def main() -> None:
         parser.error(f"--variants: found {unknown}, expected some of {list(VARIANTS)}")
     by_name = {s[0]: s for s in SHAPES}
     rows = []
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     for name in args.shapes.split(","):
         _, lens_q, lens_k, heads = by_name[name]
         rows.append(measure(name, lens_q, lens_k, heads, variants))
-    if args.out:
-        env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-        with open(args.out, "w") as f:
-            json.dump({"env": env, "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
+        if args.out:  # after each shape: a time limit keeps the shapes done
+            with open(args.out, "w") as f:
+                json.dump({"env": env, "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

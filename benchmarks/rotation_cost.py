@@ -75,7 +75,9 @@ GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
                "prefetch+paired": {"PREFETCH": True, "PAIRED_STORES": True},
                "w8": {"NUM_WARPS": 8}, "w2": {"NUM_WARPS": 2}, "r16": {"ROWS_PER_WARP": 16},
                # triton_heads': 64-row blocks a program where rotated_blocks falls back
-               "b1": {"triton_heads.BLOCKS_ROTATED": 1}}
+               "b1": {"triton_heads.BLOCKS_ROTATED": 1},
+               # the (program, sequence, head) order in place of q and k programs first
+               "grid3": {"QK_FIRST": False}}
 #: `--pdl-off`: FA3 unrotated and with the Gluon cast, the per-head quantization's two
 #: passes launched as ordinary launches (triton_heads.PDL False), beside the default
 

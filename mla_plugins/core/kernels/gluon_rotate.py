@@ -42,6 +42,15 @@ stage 2 and stores, and a program's first step before its scale (the partials' l
 loop carries the loaded tiles (149 registers against 127, 3 programs of 4 warps an SM
 against 4), and a program waits on one load latency, not one per step.
 
+Program order. The grid is one dimension with every q and k program (rotated: the heavy
+ones) before every v program (a cast alone). The block scheduler hands out programs in
+about that order, so the heavy ones spread over the SMs first and the light ones fill in;
+with a (program, sequence, head) grid the mix per SM followed the head count's residues,
+and at B1-S1024-H16 (384 programs, 3 an SM) some SMs held three rotated programs while the
+average held two: under Nsight Compute the busiest SM was active 24% above the average
+(benchmarks/NOTES.md, stop 33). The order changes no byte: each program's rows and stores
+are the same.
+
 Rows past a sequence's end load its last row (no masked loads, whose registers would be
 zeroed first): each accumulator column is one row's, and those rows' stores are masked.
 
@@ -88,6 +97,9 @@ ROWS_PER_WARP = 8
 #: the rotation's cost +0.3-5.0% at the large shapes (paired alone +0.3-5.5%), +0.5% at
 #: B16-S512-H16 (paired alone +7.6%); neither: +1.6-8.3% and +15.6%
 PREFETCH = True
+#: the grid's q and k programs before its v programs (module doc, "Program order"); False:
+#: the (program, sequence, head) order of triton_heads' Triton cast
+QK_FIRST = True
 #: store 4 adjacent fp8 bytes of one row a thread (lanes 4 g + t and 4 (g ^ 1) + t trade a
 #: row's pair: a shuffle inside the warp) instead of 2 bytes of two rows: half the store
 #: requests, each output sector written by one request
@@ -424,12 +436,14 @@ if gluon is not None:
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits, n_q, n_k,
         FP8_MAX: gl.constexpr, HEADS_PER_PROGRAM: gl.constexpr, BLOCKS: gl.constexpr,
         ROWS_PER_WARP: gl.constexpr, SATURATES: gl.constexpr, PREFETCH: gl.constexpr,
-        PAIRED: gl.constexpr, PDL: gl.constexpr = False,
+        PAIRED: gl.constexpr, PDL: gl.constexpr = False, QK_FIRST: gl.constexpr = True,
     ):
-        """triton_heads._head_cast_kernel with the rotation (the same grid, descales and
-        outputs), q and k rotated as the module doc says. Grid (n_q + 2 n_k, sequences,
-        heads / HEADS_PER_PROGRAM); a program casts BLOCKS steps of ROWS_PER_WARP (8 or 16)
-        * num_warps rows. SATURATES: FP8_MAX is the fp8 format's own largest value, so the
+        """triton_heads._head_cast_kernel with the rotation (the same programs, descales and
+        outputs), q and k rotated as the module doc says. Grid ((n_q + 2 n_k) * sequences *
+        heads / HEADS_PER_PROGRAM,): the (n_q + n_k) * sequences * groups q and k programs
+        first, then the v programs (module doc, "Program order"; QK_FIRST False: program
+        fastest, then sequence, then head group); a program casts BLOCKS
+        steps of ROWS_PER_WARP (8 or 16) * num_warps rows. SATURATES: FP8_MAX is the fp8 format's own largest value, so the
         conversion's saturation is the clamp (FAST heads); else every head takes the rule's
         clamp. PDL: launched while pass 1 may still run (triton_heads' module doc): the
         operands, the sequence's bounds and (PREFETCH) the first step's rows are loaded
@@ -443,9 +457,22 @@ if gluon is not None:
         ST: gl.constexpr = _store_layout(W, ROWS)
         SO: gl.constexpr = _paired_layout(W, ROWS) if PAIRED else ST
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-        j = gl.program_id(0)
-        b = gl.program_id(1)
-        g = gl.program_id(2)
+        # one dimension, the q and k programs first (module doc, "Program order")
+        groups = heads // HEADS_PER_PROGRAM
+        pid = gl.program_id(0)
+        if QK_FIRST:
+            heavy = (n_q + n_k) * batch * groups
+            if pid < heavy:
+                j = pid % (n_q + n_k)
+                rest = pid // (n_q + n_k)
+            else:
+                j = n_q + n_k + (pid - heavy) % n_k
+                rest = (pid - heavy) // n_k
+        else:
+            j = pid % (n_q + 2 * n_k)
+            rest = pid // (n_q + 2 * n_k)
+        b = rest % batch
+        g = rest // batch
         bh = batch * heads
         width: gl.constexpr = 192
         if j < n_q + n_k:

@@ -426,6 +426,7 @@ def quantize_heads(
     prefetch: bool | None = None,
     paired_stores: bool | None = None,
     pdl: bool | None = None,
+    qk_first: bool | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
@@ -450,9 +451,10 @@ def quantize_heads(
     pass 1 runs as the dense rotation's (WARPS_ROTATED); `rows_per_warp` (8 or 16, default
     `gluon_rotate.ROWS_PER_WARP`) is the rows each warp casts per step, `prefetch` and
     `paired_stores` (default `gluon_rotate.PREFETCH`, `PAIRED_STORES`) its load pipelining
-    and store width; the bytes do not depend on any of them. `pdl`: pass 2 launched as
-    pass 1's programmatic dependent (module doc; None: `head_pdl`, True where it cannot run:
-    ValueError naming `pdl`).
+    and store width, `qk_first` (default `gluon_rotate.QK_FIRST`) its programs' order; the
+    bytes do not depend on any of them. `pdl`: pass 2 launched as pass 1's programmatic
+    dependent (module doc; None: `head_pdl`, True where it cannot run: ValueError naming
+    `pdl`).
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
@@ -526,7 +528,8 @@ def quantize_heads(
     # the launch option only where it is on: ROCm's backend has no such option
     launch = {"launch_pdl": True} if pdl else {}
     if glu:
-        _gluon_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
+        # one dimension, q and k programs first (gluon_rotate's module doc, "Program order")
+        _gluon_cast_kernel[((n_q + 2 * n_k) * batch * (heads // hpp),)](
             q, k, v, q8, k8, v8, descales, cu_seqlens_q, cu_seqlens_k, partials, rot,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             batch, heads, splits, n_q, n_k,
@@ -534,7 +537,8 @@ def quantize_heads(
             ROWS_PER_WARP=per_warp, SATURATES=limit == float(torch.finfo(fp8_dtype).max),
             PREFETCH=gr.PREFETCH if prefetch is None else bool(prefetch),
             PAIRED=gr.PAIRED_STORES if paired_stores is None else bool(paired_stores),
-            PDL=pdl, num_warps=cast_warps, **launch,
+            PDL=pdl, QK_FIRST=gr.QK_FIRST if qk_first is None else bool(qk_first),
+            num_warps=cast_warps, **launch,
         )
         return q8, k8, v8, descales, partials
     _head_cast_kernel[(n_q + 2 * n_k, batch, heads // hpp)](
