@@ -55,6 +55,8 @@
 #                                         # B1-S1024-H16 (profile_rotation.py --tokens 1024 --heads 16)
 #   bash benchmarks/device_run.sh dev33b  # the Gluon cast's q and k programs first: its tests, ncu,
 #                                         # head_passes.py and rotation_cost.py beside the old order
+#   bash benchmarks/device_run.sh dev33c  # pass 1's PDL trigger early, left out, no PDL, with and
+#                                         # without q and k first, at the small shapes
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -63,7 +65,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -418,6 +420,32 @@ for r in d["rows"]:
     print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
 PY
         ;;
+    dev33c)
+        # stop 33: where pass 1 triggers pass 2 (PDL_EARLY) beside no PDL, with the Gluon
+        # cast's q and k programs first and without (dev33b: first alone -2 us, with PDL's
+        # early trigger nothing), at the small shapes
+        timeout 120 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider -k pdl \
+            > "$out/gpu-tests-pdl-late.log" 2>&1 || status=1
+        tail -2 "$out/gpu-tests-pdl-late.log"
+        timeout 150 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --variants plain,plain_late,plain_nopdl,gluon,gluon_late,gluon_nopdl,gluon_grid3,gluon_grid3_nopdl \
+            --out "$out/head-passes-stop33c.json" > "$out/head-passes-stop33c.log" 2>&1 || status=1
+        python3 - "$out/head-passes-stop33c.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("_both_us") or k.endswith("pass2_us")})
+PY
+        timeout 150 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 --pdl-off --gluon-variants grid3 \
+            --out "$out/rotation-stop33c.json" > "$out/rotation-cost-stop33c.log" 2>&1 || status=1
+        python3 - "$out/rotation-stop33c.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
+PY
+        ;;
     dev32b)
         # the GPU suite's second half
         all_gpu_tests 560 8 -2of2
@@ -461,7 +489,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

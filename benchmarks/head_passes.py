@@ -13,7 +13,8 @@ variants: "plain" (the amax rule), "gluon" (rotated, the provider's default), "g
 "plain_nopdl" and "gluon_nopdl" (the passes as two ordinary launches, triton_heads.PDL False;
 the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` allows),
 "gluon_grid3" (the Gluon cast's programs in (program, sequence, head) order,
-gluon_rotate.QK_FIRST False).
+gluon_rotate.QK_FIRST False; "gluon_grid3_nopdl" also without PDL), "plain_late" and
+"gluon_late" (PDL without pass 1's early trigger, triton_heads.PDL_EARLY False).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ VARIANTS = {"plain": (False, {}), "gluon": (True, {}),
             "gluon_p1w16": (True, {"WARPS_ROTATED": 16}),
             "gluon_p1w4": (True, {"WARPS_ROTATED": 4}),
             "plain_nopdl": (False, {"PDL": False}), "gluon_nopdl": (True, {"PDL": False}),
-            "gluon_grid3": (True, {"gr.QK_FIRST": False})}
+            "gluon_grid3": (True, {"gr.QK_FIRST": False}),
+            "plain_late": (False, {"PDL_EARLY": False}), "gluon_late": (True, {"PDL_EARLY": False}),
+            "gluon_grid3_nopdl": (True, {"gr.QK_FIRST": False, "PDL": False})}
 
 
 class _NoLaunch:

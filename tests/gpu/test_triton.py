@@ -320,11 +320,12 @@ def test_pipelined_head_cast_writes_the_same_bytes(stages, rotate, phase1, devic
 
 
 @pytest.mark.parametrize("mode", list(QUANT_MODES))
-def test_head_quantization_with_pdl_writes_the_same_bytes(mode, phase1, device):
+def test_head_quantization_with_pdl_writes_the_same_bytes(mode, phase1, device, monkeypatch):
     """quantize_heads with pass 2 launched as pass 1's programmatic dependent (the default on
-    Hopper, `triton_heads.head_pdl`) against two ordinary launches: every byte of every
-    output the same, outputs poisoned first, a NaN in one head; many rounds back to back,
-    each on fresh inputs, so a pass 2 reading partials before pass 1 stored them would show."""
+    Hopper, `triton_heads.head_pdl`), with pass 1's trigger early and left out
+    (`PDL_EARLY`), against two ordinary launches: every byte of every output the same,
+    outputs poisoned first, a NaN in one head; many rounds back to back, each on fresh
+    inputs, so a pass 2 reading partials before pass 1 stored them would show."""
     from mla_plugins.core.kernels import triton_heads as th
 
     if phase1 != "portable":
@@ -338,13 +339,15 @@ def test_head_quantization_with_pdl_writes_the_same_bytes(mode, phase1, device):
         q, k, v, cq, ck = random_batch(lens, lens, 6, scale=3.0, device=device)
         k[700, 4, 3] = float("nan")
         got = []
-        for pdl in (False, True):
+        for pdl, early in ((False, True), (True, True), (True, False)):
+            monkeypatch.setattr(th, "PDL_EARLY", early)
             out = tuple(poisoned(shape, dtype, device) for _, shape, dtype in
                         th.head_workspace_layout(q.shape[0], k.shape[0], 5, 6, 7, fp8))
             got.append(th.quantize_heads(q, k, v, cq, ck, 5, 2000, 2000, 7, fp8, rotate=rotate,
                                          rotation=rotation, pdl=pdl, out=out))
-        for a, b in zip(*got, strict=True):
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (mode, round_)
+        for other in got[1:]:
+            for a, b in zip(got[0], other, strict=True):
+                assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (mode, round_)
 
 
 @pytest.mark.parametrize("rotate", [True, False])

@@ -171,11 +171,13 @@ if triton is not None:
     def _head_bound_kernel(
         Q, K, V, CuQ, CuK, Partials, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, batch, heads, splits,
         ROTATE: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr = False,
+        PDL_EARLY: tl.constexpr = True,
     ):
         """Grid (splits, sequences, heads / HEADS_PER_PROGRAM): partials[s, t, b, h] for
-        t = q, k, v (module doc). PDL: pass 2 may start at once (it waits for this launch's
-        completion before reading the partials)."""
-        if PDL:
+        t = q, k, v (module doc). PDL and PDL_EARLY: pass 2 may start at once (it waits for
+        this launch's completion before reading the partials); PDL alone: once every
+        program of this launch has exited (no trigger)."""
+        if PDL and PDL_EARLY:
             gdc_launch_dependents()
         s = tl.program_id(0)
         b = tl.program_id(1)
@@ -339,6 +341,10 @@ def head_rotation(device: torch.device) -> str:
 #: programmatic dependent launch of pass 2 after pass 1 (module doc) where `head_pdl` allows
 #: it; False: two ordinary launches (what benchmarks switch to compare)
 PDL = True
+#: with PDL, pass 1 triggers pass 2's launch at its top (its programs then take SM slots
+#: while pass 1 runs); False: no trigger, so pass 2's programs start as pass 1's have all
+#: exited, its launch still prepared ahead (the trigger's placement measured, NOTES stop 33)
+PDL_EARLY = True
 
 
 def _pdl_capable(device: torch.device) -> bool:
@@ -501,7 +507,8 @@ def quantize_heads(
     _head_bound_kernel[(splits, batch, heads // hpp)](
         q, k, v, cu_seqlens_q, cu_seqlens_k, partials, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), batch, heads, splits,
-        ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, PDL=pdl, num_warps=warps,
+        ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, PDL=pdl, PDL_EARLY=bool(PDL_EARLY),
+        num_warps=warps,
     )
     if blocks is None:
         # dense: M's 72 KB load per program, which more blocks amortize (`rotated_blocks`
