@@ -57,6 +57,10 @@
 #                                         # head_passes.py and rotation_cost.py beside the old order
 #   bash benchmarks/device_run.sh dev33c  # pass 1's PDL trigger early, left out, no PDL, with and
 #                                         # without q and k first, at the small shapes
+#   bash benchmarks/device_run.sh dev34   # the final tree (the Gluon cast without PDL): the rotation's
+#                                         # cost through FA3 at every shape (--pdl-off), the passes
+#                                         # apart at the small shapes, the GPU suite's first half
+#                                         # (then dev32b: its second half)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -65,7 +69,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -445,6 +449,29 @@ print(d["env"])
 for r in d["rows"]:
     print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
 PY
+        ;;
+    dev34)
+        # stop 34, the final tree (PDL_GLUON False): the rotation's cost through FA3 at every
+        # shape with the Gluon cast's PDL and two ordinary launches beside, the two passes
+        # apart at the small shapes, the GPU suite's first half
+        timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --pdl-off --out "$out/h100-rotation-stop34.json" > "$out/rotation-cost-stop34.log" 2>&1 || status=1
+        python3 - "$out/h100-rotation-stop34.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
+PY
+        timeout 100 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --variants plain,plain_nopdl,gluon,gluon_pdl --out "$out/h100-head-passes-stop34.json" \
+            > "$out/head-passes-stop34.log" 2>&1 || status=1
+        python3 - "$out/h100-head-passes-stop34.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("_us")})
+PY
+        all_gpu_tests 250 8 -1of2
         ;;
     dev32b)
         # the GPU suite's second half

@@ -11,7 +11,8 @@ left from a full call before), three rounds with the variants interleaved, the m
 variants: "plain" (the amax rule), "gluon" (rotated, the provider's default), "gluon_p1w16" and
 "gluon_p1w4" (pass 1 rotated at 16 and 4 warps in place of triton_heads.WARPS_ROTATED),
 "plain_nopdl" and "gluon_nopdl" (the passes as two ordinary launches, triton_heads.PDL False;
-the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` allows),
+the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` allows: the
+plain ones; the Gluon cast without PDL by default, "gluon_pdl" with it, PDL_GLUON),
 "gluon_grid3" (the Gluon cast's programs in (program, sequence, head) order,
 gluon_rotate.QK_FIRST False; "gluon_grid3_nopdl" also without PDL), "plain_late" and
 "gluon_late" (PDL without pass 1's early trigger, triton_heads.PDL_EARLY False).
@@ -39,7 +40,9 @@ VARIANTS = {"plain": (False, {}), "gluon": (True, {}),
             "gluon_p1w4": (True, {"WARPS_ROTATED": 4}),
             "plain_nopdl": (False, {"PDL": False}), "gluon_nopdl": (True, {"PDL": False}),
             "gluon_grid3": (True, {"gr.QK_FIRST": False}),
-            "plain_late": (False, {"PDL_EARLY": False}), "gluon_late": (True, {"PDL_EARLY": False}),
+            "plain_late": (False, {"PDL_EARLY": False}),
+            "gluon_late": (True, {"PDL_GLUON": True, "PDL_EARLY": False}),
+            "gluon_pdl": (True, {"PDL_GLUON": True}),
             "gluon_grid3_nopdl": (True, {"gr.QK_FIRST": False, "PDL": False})}
 
 

@@ -79,8 +79,9 @@ GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
                # the (program, sequence, head) order in place of q and k programs first
                "grid3": {"QK_FIRST": False}}
 #: `--pdl-off`: FA3 unrotated and with the Gluon cast, the per-head quantization's two
-#: passes launched as ordinary launches (triton_heads.PDL False), and with PDL but pass 1's
-#: trigger left out (triton_heads.PDL_EARLY False: "pdl_late"), beside the default
+#: passes launched as ordinary launches (triton_heads.PDL False), the Gluon cast with PDL
+#: (triton_heads.PDL_GLUON True: "rot_gluon_pdl"; its default is without), and with PDL but
+#: pass 1's trigger left out (triton_heads.PDL_EARLY False: "pdl_late"), beside the default
 
 
 def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=(),
@@ -127,7 +128,9 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
                 variants += [("plain_nopdl", False, None, {(th, "PDL"): False}),
                              ("rot_gluon_nopdl", True, "gluon", {(th, "PDL"): False}),
                              ("plain_pdl_late", False, None, {(th, "PDL_EARLY"): False}),
-                             ("rot_gluon_pdl_late", True, "gluon", {(th, "PDL_EARLY"): False})]
+                             ("rot_gluon_pdl", True, "gluon", {(th, "PDL_GLUON"): True}),
+                             ("rot_gluon_pdl_late", True, "gluon",
+                              {(th, "PDL_GLUON"): True, (th, "PDL_EARLY"): False})]
             variants += [(f"rot_gluon_{g.replace('+', '_')}", True, "gluon",
                           {(th, name.split(".")[1]) if name.startswith("triton_heads.")
                            else (gr, name): value for name, value in GLUON_KNOBS[g].items()})

@@ -638,8 +638,8 @@ def test_head_rotation_takes_gluon_only_where_it_runs(monkeypatch):
 
 def test_head_pdl_only_on_hopper_cuda(monkeypatch):
     """`triton_heads.head_pdl` (pass 2 as pass 1's programmatic dependent): CUDA devices of
-    compute capability 9.0 or later, the capability looked up once per device; never on the
-    CPU (the interpreter), on ROCm or with PDL off; `pdl=True` where it cannot run is refused
+    compute capability 9.0 or later, the capability looked up once per device; for the Gluon
+    cast only with PDL_GLUON; never on the CPU (the interpreter), on ROCm or with PDL off; `pdl=True` where it cannot run is refused
     naming the argument."""
     from mla_plugins.core.kernels import triton_heads as th
 
@@ -652,6 +652,11 @@ def test_head_pdl_only_on_hopper_cuda(monkeypatch):
     hopper, ada = torch.device("cuda", 0), torch.device("cuda", 1)
     assert th.head_pdl(hopper) and th.head_pdl(hopper) and not th.head_pdl(ada)
     assert asked == [0, 1], "looked up once per device"
+    # the Gluon cast: off unless PDL_GLUON (measured, NOTES stop 33)
+    monkeypatch.setattr(th, "PDL_GLUON", False)
+    assert not th.head_pdl(hopper, gluon=True)
+    monkeypatch.setattr(th, "PDL_GLUON", True)
+    assert th.head_pdl(hopper, gluon=True) and not th.head_pdl(ada, gluon=True)
     assert not th.head_pdl(torch.device("cpu"))
     monkeypatch.setattr(th, "PDL", False)
     assert not th.head_pdl(hopper)

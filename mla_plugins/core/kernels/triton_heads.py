@@ -29,7 +29,8 @@ or later), pass 1 lets pass 2 start early (`griddepcontrol.launch_dependents` at
 and pass 2 is launched with the attribute that allows it: its programs load what does not
 depend on pass 1 (the Gluon cast's operands and first rows, the sequence bounds) while pass
 1 runs, and wait (`griddepcontrol.wait`: pass 1 complete, its stores visible) before the
-partials. The next launch (FA3's) is an ordinary one and waits for pass 2 as before.
+partials. The next launch (FA3's) is an ordinary one and waits for pass 2 as before. The
+Gluon cast runs without PDL by default (PDL_GLUON, measured).
 
 Stored fp8 values are finite (NaN -> 0); a NaN or inf of a (sequence, head) travels in its
 descale, which no other (sequence, head) shares. This module imports triton when imported.
@@ -345,6 +346,11 @@ PDL = True
 #: while pass 1 runs); False: no trigger, so pass 2's programs start as pass 1's have all
 #: exited, its launch still prepared ahead (the trigger's placement measured, NOTES stop 33)
 PDL_EARLY = True
+#: PDL for the Gluon cast too: measured off (NOTES stop 33: with the early trigger its
+#: pass-2 programs take SM slots during pass 1 and undo the q-and-k-first order, without the
+#: trigger it gains nothing; two ordinary launches: the two passes 1.1-1.3 us faster at
+#: B1-S1024-H16 and B1-S2048-H8 on an H100, 0.4-0.5 us through FA3)
+PDL_GLUON = False
 
 
 def _pdl_capable(device: torch.device) -> bool:
@@ -359,10 +365,11 @@ def _pdl_capable(device: torch.device) -> bool:
     return runs
 
 
-def head_pdl(device: torch.device) -> bool:
+def head_pdl(device: torch.device, gluon: bool = False) -> bool:
     """Whether `quantize_heads` launches its passes with PDL on `device` by default: PDL set
-    and the device able to (`_pdl_capable`)."""
-    return PDL and _pdl_capable(device)
+    (and PDL_GLUON where pass 2 is the Gluon cast, `gluon`) and the device able to
+    (`_pdl_capable`)."""
+    return PDL and (PDL_GLUON or not gluon) and _pdl_capable(device)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
@@ -459,8 +466,8 @@ def quantize_heads(
     `paired_stores` (default `gluon_rotate.PREFETCH`, `PAIRED_STORES`) its load pipelining
     and store width, `qk_first` (default `gluon_rotate.QK_FIRST`) its programs' order; the
     bytes do not depend on any of them. `pdl`: pass 2 launched as pass 1's programmatic
-    dependent (module doc; None: `head_pdl`, True where it cannot run: ValueError naming
-    `pdl`).
+    dependent (module doc; None: `head_pdl`, off for the Gluon cast by default, True where
+    it cannot run: ValueError naming `pdl`).
     """
     if not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"splits: found {splits}, expected 1 ... {MAX_SPLITS} (head_splits)")
@@ -491,7 +498,7 @@ def quantize_heads(
     if batch == 0 or heads == 0:
         return q8, k8, v8, descales, partials
     if pdl is None:
-        pdl = head_pdl(q.device)
+        pdl = head_pdl(q.device, gluon=glu)
     elif pdl and not _pdl_capable(q.device):
         raise ValueError(f"pdl: found True on {q.device}, expected False: programmatic "
                          f"dependent launch needs a CUDA device of compute capability 9.0 or later")
