@@ -454,10 +454,9 @@ PY
         # stop 34, the final tree (PDL_GLUON False): the rotation's cost through FA3 at every
         # shape with the Gluon cast's PDL and two ordinary launches beside, and without its
         # loads a step ahead (paired: PREFETCH off, 127 registers, 4 programs an SM against
-        # 3), and its operands in shared memory (shared: 96 registers, 5 programs an SM), the
-        # two passes apart at the small shapes, the GPU suite's first half
+        # 3), the two passes apart at the small shapes, the GPU suite's first half
         timeout 220 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
-            --pdl-off --gluon-variants paired,shared,shared_noprefetch --out "$out/h100-rotation-stop34.json" > "$out/rotation-cost-stop34.log" 2>&1 || status=1
+            --pdl-off --gluon-variants paired --out "$out/h100-rotation-stop34.json" > "$out/rotation-cost-stop34.log" 2>&1 || status=1
         python3 - "$out/h100-rotation-stop34.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -466,7 +465,7 @@ for r in d["rows"]:
     print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
 PY
         timeout 100 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
-            --variants plain,gluon,gluon_pdl,gluon_shared --out "$out/h100-head-passes-stop34.json" \
+            --variants plain,plain_nopdl,gluon,gluon_pdl --out "$out/h100-head-passes-stop34.json" \
             > "$out/head-passes-stop34.log" 2>&1 || status=1
         python3 - "$out/h100-head-passes-stop34.json" <<'PY'
 import json, sys

@@ -15,9 +15,7 @@ the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` all
 plain ones; the Gluon cast without PDL by default, "gluon_pdl" with it, PDL_GLUON),
 "gluon_grid3" (the Gluon cast's programs in (program, sequence, head) order,
 gluon_rotate.QK_FIRST False; "gluon_grid3_nopdl" also without PDL), "plain_late" and
-"gluon_late" (PDL without pass 1's early trigger, triton_heads.PDL_EARLY False),
-"gluon_shared" and "gluon_regops" (the Gluon cast's operands in shared memory or in
-registers, gluon_rotate.OPERANDS_SHARED).
+"gluon_late" (PDL without pass 1's early trigger, triton_heads.PDL_EARLY False).
 """
 
 from __future__ import annotations
@@ -45,8 +43,6 @@ VARIANTS = {"plain": (False, {}), "gluon": (True, {}),
             "plain_late": (False, {"PDL_EARLY": False}),
             "gluon_late": (True, {"PDL_GLUON": True, "PDL_EARLY": False}),
             "gluon_pdl": (True, {"PDL_GLUON": True}),
-            "gluon_shared": (True, {"gr.OPERANDS_SHARED": True}),
-            "gluon_regops": (True, {"gr.OPERANDS_SHARED": False}),
             "gluon_grid3_nopdl": (True, {"gr.QK_FIRST": False, "PDL": False})}
 
 

@@ -77,10 +77,7 @@ GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
                # triton_heads': 64-row blocks a program where rotated_blocks falls back
                "b1": {"triton_heads.BLOCKS_ROTATED": 1},
                # the (program, sequence, head) order in place of q and k programs first
-               "grid3": {"QK_FIRST": False},
-               # the operands in shared memory (96 registers, 5 programs an SM) and in registers
-               "shared": {"OPERANDS_SHARED": True}, "regops": {"OPERANDS_SHARED": False},
-               "shared_noprefetch": {"OPERANDS_SHARED": True, "PREFETCH": False}}
+               "grid3": {"QK_FIRST": False}}
 #: `--pdl-off`: FA3 unrotated and with the Gluon cast, the per-head quantization's two
 #: passes launched as ordinary launches (triton_heads.PDL False), the Gluon cast with PDL
 #: (triton_heads.PDL_GLUON True: "rot_gluon_pdl"; its default is without), and with PDL but

@@ -97,10 +97,6 @@ ROWS_PER_WARP = 8
 #: the rotation's cost +0.3-5.0% at the large shapes (paired alone +0.3-5.5%), +0.5% at
 #: B16-S512-H16 (paired alone +7.6%); neither: +1.6-8.3% and +15.6%
 PREFETCH = True
-#: the 12 constant operands stored once per program in shared memory (6 KB) and read back
-#: (ldmatrix) at each step, in place of 48 registers a thread held for the program: fewer
-#: registers, more programs an SM (module doc, "Registers")
-OPERANDS_SHARED = False
 #: the grid's q and k programs before its v programs (module doc, "Program order"); False:
 #: the (program, sequence, head) order of triton_heads' Triton cast
 QK_FIRST = True
@@ -372,25 +368,11 @@ if gluon is not None:
                    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, FP8_MAX: gl.constexpr,
                    out_ty: gl.constexpr, B: gl.constexpr, ACC: gl.constexpr,
                    ST: gl.constexpr, SO: gl.constexpr, ROWS: gl.constexpr,
-                   PAIRED: gl.constexpr, ops, OPS: gl.constexpr, A: gl.constexpr):
+                   PAIRED: gl.constexpr):
         """One block of ROWS rows of one head, loaded (`_load_rows`; dst at its first row,
         `off8`, `ok8` the offsets and the rows in the sequence in the store layout SO):
-        stage 1, stage 2, the cast and the stores (module doc). OPS: the operands read from
-        `ops` (shared memory, [12, 16, 16]) here, a0 ... a11 unused."""
+        stage 1, stage 2, the cast and the stores (module doc)."""
         zero = gl.zeros([GROUP_G, ROWS], gl.float32, ACC)
-        if OPS:
-            a0 = ops.index(0).load(A)
-            a1 = ops.index(1).load(A)
-            a2 = ops.index(2).load(A)
-            a3 = ops.index(3).load(A)
-            a4 = ops.index(4).load(A)
-            a5 = ops.index(5).load(A)
-            a6 = ops.index(6).load(A)
-            a7 = ops.index(7).load(A)
-            a8 = ops.index(8).load(A)
-            a9 = ops.index(9).load(A)
-            a10 = ops.index(10).load(A)
-            a11 = ops.index(11).load(A)
         z0 = _stage1(x0, a0, zero, B, ROWS)
         z1 = _stage1(x1, a1, zero, B, ROWS)
         z2 = _stage1(x2, a2, zero, B, ROWS)
@@ -455,7 +437,6 @@ if gluon is not None:
         FP8_MAX: gl.constexpr, HEADS_PER_PROGRAM: gl.constexpr, BLOCKS: gl.constexpr,
         ROWS_PER_WARP: gl.constexpr, SATURATES: gl.constexpr, PREFETCH: gl.constexpr,
         PAIRED: gl.constexpr, PDL: gl.constexpr = False, QK_FIRST: gl.constexpr = True,
-        OPS: gl.constexpr = False,
     ):
         """triton_heads._head_cast_kernel with the rotation (the same programs, descales and
         outputs), q and k rotated as the module doc says. Grid ((n_q + 2 n_k) * sequences *
@@ -521,35 +502,20 @@ if gluon is not None:
                 t8 = gl.arange(0, ROWS, layout=gl.SliceLayout(1, SO))
                 f8 = gl.arange(0, GROUP_G, layout=gl.SliceLayout(0, SO))
                 off8 = t8[:, None] * (heads * width) + f8[None, :]
-                if OPS:
-                    # the 12 constant operands, once per program (6 KB, from L2/L1), into
-                    # shared memory; each step reads them back (`_cast_rows`)
-                    ops = gl.allocate_shared_memory(Rot.dtype.element_ty, [12, 16, 16],
-                                                    gl.SwizzledSharedLayout(8, 1, 2, [1, 0]))
-                    OL: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [W, 1], [1, 0])
-                    om = gl.arange(0, GROUP_G, layout=gl.SliceLayout(1, OL))
-                    ok_ = gl.arange(0, GROUP_G, layout=gl.SliceLayout(0, OL))
-                    ooff = om[:, None] * GROUP_G + ok_[None, :]
-                    for a in gl.static_range(12):
-                        ops.index(a).store(gl.load(Rot + a * (GROUP_G * GROUP_G) + ooff))
-                    gl.thread_barrier()
-                    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11 = 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
-                else:
-                    ops = 0
-                    # the 12 constant operands, once per program (6 KB, from L2/L1), kept in
-                    # registers
-                    a0 = _load_operand(Rot, 0, A)
-                    a1 = _load_operand(Rot, 1, A)
-                    a2 = _load_operand(Rot, 2, A)
-                    a3 = _load_operand(Rot, 3, A)
-                    a4 = _load_operand(Rot, 4, A)
-                    a5 = _load_operand(Rot, 5, A)
-                    a6 = _load_operand(Rot, 6, A)
-                    a7 = _load_operand(Rot, 7, A)
-                    a8 = _load_operand(Rot, 8, A)
-                    a9 = _load_operand(Rot, 9, A)
-                    a10 = _load_operand(Rot, 10, A)
-                    a11 = _load_operand(Rot, 11, A)
+                # the 12 constant operands, once per program (6 KB, from L2/L1), kept in
+                # registers
+                a0 = _load_operand(Rot, 0, A)
+                a1 = _load_operand(Rot, 1, A)
+                a2 = _load_operand(Rot, 2, A)
+                a3 = _load_operand(Rot, 3, A)
+                a4 = _load_operand(Rot, 4, A)
+                a5 = _load_operand(Rot, 5, A)
+                a6 = _load_operand(Rot, 6, A)
+                a7 = _load_operand(Rot, 7, A)
+                a8 = _load_operand(Rot, 8, A)
+                a9 = _load_operand(Rot, 9, A)
+                a10 = _load_operand(Rot, 10, A)
+                a11 = _load_operand(Rot, 11, A)
                 for hh in range(0, HEADS_PER_PROGRAM):
                     h = g * HEADS_PER_PROGRAM + hh
                     src_h = X + h.to(gl.int64) * sx_h
@@ -577,7 +543,7 @@ if gluon is not None:
                                 _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst,
                                            off8, ok8, c, fast, a0, a1, a2, a3, a4, a5, a6, a7,
                                            a8, a9, a10, a11, FP8_MAX, out_ty, B, ACC, ST, SO,
-                                           ROWS, PAIRED, ops, OPS, A)
+                                           ROWS, PAIRED)
                                 x0, x1, x2, x3, x4, x5 = n0, n1, n2, n3, n4, n5
                                 x6, x7, x8, x9, x10, x11 = n6, n7, n8, n9, n10, n11
                         else:  # an empty sequence's program: its descale alone
@@ -600,7 +566,7 @@ if gluon is not None:
                                 _cast_rows(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, dst,
                                            off8, ok8, c, fast, a0, a1, a2, a3, a4, a5, a6, a7,
                                            a8, a9, a10, a11, FP8_MAX, out_ty, B, ACC, ST, SO,
-                                           ROWS, PAIRED, ops, OPS, A)
+                                           ROWS, PAIRED)
         else:
             jb = j - n_q - n_k
             r_start = gl.load(CuK + b)

@@ -440,7 +440,6 @@ def quantize_heads(
     paired_stores: bool | None = None,
     pdl: bool | None = None,
     qk_first: bool | None = None,
-    operands_shared: bool | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], k8 [Tk, H, 192], v8 [Tk, H, 128], descales float32 [3, B, H] (q, k,
     v), partials float32 [splits, 3, B, H]): `fp8.head_quantize` of q, k (rotated with
@@ -465,8 +464,7 @@ def quantize_heads(
     pass 1 runs as the dense rotation's (WARPS_ROTATED); `rows_per_warp` (8 or 16, default
     `gluon_rotate.ROWS_PER_WARP`) is the rows each warp casts per step, `prefetch` and
     `paired_stores` (default `gluon_rotate.PREFETCH`, `PAIRED_STORES`) its load pipelining
-    and store width, `qk_first` (default `gluon_rotate.QK_FIRST`) its programs' order,
-    `operands_shared` (default `gluon_rotate.OPERANDS_SHARED`) where its operands are held; the
+    and store width, `qk_first` (default `gluon_rotate.QK_FIRST`) its programs' order; the
     bytes do not depend on any of them. `pdl`: pass 2 launched as pass 1's programmatic
     dependent (module doc; None: `head_pdl`, off for the Gluon cast by default, True where
     it cannot run: ValueError naming `pdl`).
@@ -554,7 +552,6 @@ def quantize_heads(
             PREFETCH=gr.PREFETCH if prefetch is None else bool(prefetch),
             PAIRED=gr.PAIRED_STORES if paired_stores is None else bool(paired_stores),
             PDL=pdl, QK_FIRST=gr.QK_FIRST if qk_first is None else bool(qk_first),
-            OPS=gr.OPERANDS_SHARED if operands_shared is None else bool(operands_shared),
             num_warps=cast_warps, **launch,
         )
         return q8, k8, v8, descales, partials
