@@ -454,7 +454,10 @@ PY
         # stop 34, the final tree (PDL_GLUON False): the rotation's cost through FA3 at every
         # shape with the Gluon cast's PDL and two ordinary launches beside, and without its
         # loads a step ahead (paired: PREFETCH off, 127 registers, 4 programs an SM against
-        # 3), the two passes apart at the small shapes, the GPU suite's first half
+        # 3), the two passes apart at the small shapes, the GPU suite's first half. It ran on
+        # 2dcce49, which also had gluon_rotate.OPERANDS_SHARED (the operands in shared memory)
+        # measured as --gluon-variants shared,shared_noprefetch and head_passes gluon_shared;
+        # slower, so removed (NOTES, stop 34)
         timeout 220 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --pdl-off --gluon-variants paired --out "$out/h100-rotation-stop34.json" > "$out/rotation-cost-stop34.log" 2>&1 || status=1
         python3 - "$out/h100-rotation-stop34.json" <<'PY'

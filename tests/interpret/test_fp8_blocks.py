@@ -75,7 +75,11 @@ def _isolation(kernel, dtype, *, bitwise):
         else:
             err = relative_error(out[qs], alone)
             assert err < 1e-3, f"sequence {b} changed by another sequence's values: {err:.2e}"
-            assert relative_error(lse[qs], alone_lse) < 1e-6
+            # float32 lse (~5 here): a leaked inf/NaN/1e30 scale makes it non-finite
+            # (checked above) or moves it by whole units; 1e-6 failed once on a clean clone
+            # (3.8e-6, 2026-12-06, the vllm lane beside it), not reproduced here over 80
+            # seeds, 1 and 2 threads and misaligned copies: the out element's case above
+            assert relative_error(lse[qs], alone_lse) < 1e-4
     # sequence 1: head 1 holds no bad value and is untouched; head 0 is damaged as in bf16
     s1 = slice(cqh[1], cqh[2])
     ref, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8)
