@@ -61,6 +61,8 @@
 #                                         # cost through FA3 at every shape (--pdl-off), the passes
 #                                         # apart at the small shapes, the GPU suite's first half
 #                                         # (then dev32b: its second half)
+#   bash benchmarks/device_run.sh dev34b  # kernel='auto' on the final tree beside the FA3 peers
+#                                         # (prefill.py --auto-only), on whatever card the call got
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -69,7 +71,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -476,6 +478,13 @@ for r in json.load(open(sys.argv[1]))["rows"]:
     print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("_us")})
 PY
         all_gpu_tests 230 8 -1of2
+        ;;
+    dev34b)
+        # stop 34: kernel='auto' on the final tree with the committed (H200) table, beside
+        # the FA3 peers, named by the card in the JSON's env
+        timeout 240 python3 benchmarks/prefill.py --auto-only --out "$out/auto-stop34.json" \
+            > "$out/prefill-auto-stop34.log" 2>&1 || status=1
+        tail -12 "$out/prefill-auto-stop34.log"
         ;;
     dev32b)
         # the GPU suite's second half

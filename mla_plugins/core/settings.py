@@ -36,8 +36,9 @@ FLAGS: dict[str, bool | None] = {
     "MLA_PLUGINS_SHIM": True,
     "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
     "MLA_PLUGINS_GLUON": True,
-    # off: measured on the H200 the rotation costs 9-15% of fp8 end to end through FA3 and
-    # ~13% through the Triton provider at the large shapes, over issue 22's 3% bound
+    # off: the rotation's cost in fp8 end to end is over issue 22's bounds at the small
+    # shapes through FA3 (+6.7-11.9% on an H100, stop 34; the large shapes -0.1-+2.5% there,
+    # +1.6-8.2% on the H200 at stop 30) and +8-30% through the Triton provider
     # (benchmarks/NOTES.md); MLA_PLUGINS_FP8_ROTATE=1 or fp8_rotate=True takes it (4x lower
     # error with outlier features)
     "MLA_PLUGINS_FP8_ROTATE": False,
