@@ -481,8 +481,10 @@ PY
         ;;
     dev34b)
         # stop 34: kernel='auto' on the final tree with the committed (H200) table, beside
-        # the FA3 peers, named by the card in the JSON's env
-        timeout 240 python3 benchmarks/prefill.py --auto-only --out "$out/auto-stop34.json" \
+        # the FA3 peers, named by the card in the JSON's env (AUTO_SHAPES: some shapes only,
+        # AUTO_LIMIT: its time limit in seconds)
+        timeout ${AUTO_LIMIT:-240} python3 benchmarks/prefill.py --auto-only ${AUTO_SHAPES:+--shapes "$AUTO_SHAPES"} \
+            --out "$out/auto-stop34.json" \
             > "$out/prefill-auto-stop34.log" 2>&1 || status=1
         tail -12 "$out/prefill-auto-stop34.log"
         ;;

@@ -733,7 +733,10 @@ def auto_only(args):
               + " ".join(sys.argv[1:]), "fp8_rotate_default": _rotate_default(),
               "table": (dispatch.table_for(device) or dispatch.Table("none", "none", ())).source}
     rows = []
+    only = set(args.shapes.split(",")) if args.shapes else None
     for name, lq, lk, heads in SHAPES:
+        if only is not None and name not in only:
+            continue
         rows.append(shape_row(name, lq, lk, heads, device, None, only_auto=True))
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_ms")}), flush=True)
         result["shapes"] = rows
