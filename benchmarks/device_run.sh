@@ -97,6 +97,16 @@ rotation_calls() {
         > "$out/gpu-tests-$1.log" 2>&1 || status=1
     tail -8 "$out/gpu-tests-$1.log"
 }
+# one line per row of rotation_cost.py's JSON $1: shape, the costs and times, any error
+rotation_summary() {
+    python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["env"])
+for r in d["rows"]:
+    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
+PY
+}
 # every GPU test, bounded by $1 seconds, into gpu-tests$3.log; its last $2 lines shown; $3 (as
 # "-2of2"): part 2 of 2 of them only (benchmarks/pytest_part.py), for a cold machine, where
 # the whole suite outlasts one call
@@ -377,13 +387,7 @@ PY
         tail -4 "$out/gpu-tests-pdl.log"
         timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --pdl-off --out "$out/h200-rotation-stop32.json" > "$out/rotation-cost-stop32.log" 2>&1 || status=1
-        python3 - "$out/h200-rotation-stop32.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(d["env"])
-for r in d["rows"]:
-    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
-PY
+        rotation_summary "$out/h200-rotation-stop32.json"
         timeout 100 python3 benchmarks/head_passes.py --out "$out/h200-head-passes.json" \
             > "$out/head-passes.log" 2>&1 || status=1
         cut -c1-900 "$out/head-passes.log" | tail -8
@@ -418,13 +422,7 @@ PY
         cut -c1-600 "$out/head-passes-stop33.log" | tail -4
         timeout 200 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --gluon-variants grid3 --out "$out/rotation-stop33.json" > "$out/rotation-cost-stop33.log" 2>&1 || status=1
-        python3 - "$out/rotation-stop33.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(d["env"])
-for r in d["rows"]:
-    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
-PY
+        rotation_summary "$out/rotation-stop33.json"
         ;;
     dev33c)
         # stop 33: where pass 1 triggers pass 2 (PDL_EARLY) beside no PDL, with the Gluon
@@ -444,13 +442,7 @@ PY
         timeout 150 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 --pdl-off --gluon-variants grid3 \
             --out "$out/rotation-stop33c.json" > "$out/rotation-cost-stop33c.log" 2>&1 || status=1
-        python3 - "$out/rotation-stop33c.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(d["env"])
-for r in d["rows"]:
-    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
-PY
+        rotation_summary "$out/rotation-stop33c.json"
         ;;
     dev34)
         # stop 34, the final tree (PDL_GLUON False): the rotation's cost through FA3 at every
@@ -462,13 +454,7 @@ PY
         # slower, so removed (NOTES, stop 34)
         timeout 220 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --pdl-off --gluon-variants paired --out "$out/h100-rotation-stop34.json" > "$out/rotation-cost-stop34.log" 2>&1 || status=1
-        python3 - "$out/h100-rotation-stop34.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(d["env"])
-for r in d["rows"]:
-    print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
-PY
+        rotation_summary "$out/h100-rotation-stop34.json"
         timeout 100 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
             --variants plain,plain_nopdl,gluon,gluon_pdl --out "$out/h100-head-passes-stop34.json" \
             > "$out/head-passes-stop34.log" 2>&1 || status=1
