@@ -666,10 +666,7 @@ def main_bench(args):
     print(json.dumps(result["ceilings"]), flush=True)
     gemm = result["ceilings"]["fp8_gemm_tflops"]
     rows = []
-    only = set(args.shapes.split(",")) if args.shapes else None
-    for name, lq, lk, heads in SHAPES:
-        if only and name not in only:
-            continue
+    for name, lq, lk, heads in _selected_shapes(args):
         row = shape_row(name, lq, lk, heads, device, gemm)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -685,7 +682,7 @@ def main_bench(args):
         from mla_plugins.core import dispatch
 
         dispatch._load.cache_clear()
-        for row, (name, lq, lk, heads) in zip(rows, [s for s in SHAPES if not only or s[0] in only],
+        for row, (name, lq, lk, heads) in zip(rows, _selected_shapes(args),
                                               strict=True):
             again = shape_row(name, lq, lk, heads, device, gemm, only_auto=True)
             row["auto_before_table"] = {k: v for k, v in row.items() if k.startswith("auto_")}
@@ -723,6 +720,12 @@ def _save(result, path):
         json.dump(result, f, indent=1)
 
 
+def _selected_shapes(args):
+    """SHAPES in their order, those named by --shapes where it is given."""
+    only = set(args.shapes.split(",")) if args.shapes else None
+    return [s for s in SHAPES if only is None or s[0] in only]
+
+
 def auto_only(args):
     """--auto-only: what a framework gets on this tree with the committed table, beside FA3."""
     device = torch.device("cuda")
@@ -733,10 +736,7 @@ def auto_only(args):
               + " ".join(sys.argv[1:]), "fp8_rotate_default": _rotate_default(),
               "table": (dispatch.table_for(device) or dispatch.Table("none", "none", ())).source}
     rows = []
-    only = set(args.shapes.split(",")) if args.shapes else None
-    for name, lq, lk, heads in SHAPES:
-        if only is not None and name not in only:
-            continue
+    for name, lq, lk, heads in _selected_shapes(args):
         rows.append(shape_row(name, lq, lk, heads, device, None, only_auto=True))
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_ms")}), flush=True)
         result["shapes"] = rows

@@ -639,8 +639,8 @@ def test_head_rotation_takes_gluon_only_where_it_runs(monkeypatch):
 def test_head_pdl_only_on_hopper_cuda(monkeypatch):
     """`triton_heads.head_pdl` (pass 2 as pass 1's programmatic dependent): CUDA devices of
     compute capability 9.0 or later, the capability looked up once per device; for the Gluon
-    cast only with PDL_GLUON; never on the CPU (the interpreter), on ROCm or with PDL off; `pdl=True` where it cannot run is refused
-    naming the argument."""
+    cast only with PDL_GLUON; never on the CPU (the interpreter), on ROCm or with PDL off;
+    `pdl=True` where it cannot run is refused naming the argument."""
     from mla_plugins.core.kernels import triton_heads as th
 
     asked = []
