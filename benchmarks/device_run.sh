@@ -63,6 +63,8 @@
 #                                         # (then dev32b: its second half)
 #   bash benchmarks/device_run.sh dev34b  # kernel='auto' on the final tree beside the FA3 peers
 #                                         # (prefill.py --auto-only), on whatever card the call got
+#   bash benchmarks/device_run.sh dev35   # pass 1 rotated at 8 warps against 16: the quantization's
+#                                         # and rotation's GPU tests, head_passes.py, rotation_cost.py
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -71,7 +73,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -474,6 +476,28 @@ PY
             > "$out/prefill-auto-stop34.log" 2>&1 || status=1
         tail -12 "$out/prefill-auto-stop34.log"
         ;;
+    dev35)
+        # stop 35 (it ran once, on an H100, with BOUND_WARPS_ROTATED 16 the default and 8
+        # the variant; 8 was kept, so the variants now name 16): the GPU tests of the per-head quantization and the rotation, the
+        # passes apart at four shapes, the rotation's cost through FA3 at every shape
+        timeout 170 python3 -m pytest tests/gpu/test_gluon_rotation.py tests/gpu/test_flash_attn_gpu.py \
+            tests/gpu/test_triton.py -q -p no:cacheprovider \
+            -k "gluon_rotation or flash_attn_gpu or quant or rotat or kron or pipelined or isolat or bad_values" \
+            > "$out/gpu-tests-stop35.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-stop35.log"
+        timeout 110 python3 benchmarks/head_passes.py --shapes B16-S512-H16,B8-S2048-H128,B1-S8192-H128,B1-S1024-H16 \
+            --variants plain,gluon,gluon_p1w16 --out "$out/h200-head-passes-stop35.json" \
+            > "$out/head-passes-stop35.log" 2>&1 || status=1
+        python3 - "$out/h200-head-passes-stop35.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("_us")})
+PY
+        timeout 230 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants p1w16 --out "$out/h200-rotation-stop35.json" \
+            > "$out/rotation-cost-stop35.log" 2>&1 || status=1
+        rotation_summary "$out/h200-rotation-stop35.json"
+        ;;
     dev32b)
         # the GPU suite's second half
         all_gpu_tests 560 8 -2of2
@@ -517,7 +541,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

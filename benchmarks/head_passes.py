@@ -9,7 +9,7 @@ Per shape: bf16 q, k, v (normal, fresh), the provider's `splits` and `sms`; each
 alone from a CUDA graph (the other launch swapped for one that launches nothing, its outputs
 left from a full call before), three rounds with the variants interleaved, the median. The
 variants: "plain" (the amax rule), "gluon" (rotated, the provider's default), "gluon_p1w16" and
-"gluon_p1w4" (pass 1 rotated at 16 and 4 warps in place of triton_heads.WARPS_ROTATED),
+"gluon_p1w4" (pass 1 rotated at 16 and 4 warps in place of triton_heads.BOUND_WARPS_ROTATED),
 "plain_nopdl" and "gluon_nopdl" (the passes as two ordinary launches, triton_heads.PDL False;
 the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` allows: the
 plain ones; the Gluon cast without PDL by default, "gluon_pdl" with it, PDL_GLUON),
@@ -36,8 +36,8 @@ from rotation_cost import _knobs_set  # noqa: E402
 #: name: (rotate, {triton_heads constant, or gluon_rotate's as "gr.NAME": value} set for the
 #: variant's calls)
 VARIANTS = {"plain": (False, {}), "gluon": (True, {}),
-            "gluon_p1w16": (True, {"WARPS_ROTATED": 16}),
-            "gluon_p1w4": (True, {"WARPS_ROTATED": 4}),
+            "gluon_p1w16": (True, {"BOUND_WARPS_ROTATED": 16}),
+            "gluon_p1w4": (True, {"BOUND_WARPS_ROTATED": 4}),
             "plain_nopdl": (False, {"PDL": False}), "gluon_nopdl": (True, {"PDL": False}),
             "gluon_grid3": (True, {"gr.QK_FIRST": False}),
             "plain_late": (False, {"PDL_EARLY": False}),

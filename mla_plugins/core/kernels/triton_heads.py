@@ -83,6 +83,12 @@ CAST_PROGRAMS_PER_SM = 4
 STAGES = 1
 STAGES_ROTATED = 3
 WARPS_ROTATED = 8
+#: warps of pass 1 rotated on CUDA (the l1 bounds), for the dense and the Gluon cast alike:
+#: both take their descales from these partials, whose float32 row sums the warps order.
+#: 16 (the unrotated pass's) measured against 8 on an H100 (benchmarks/NOTES.md, stop 35):
+#: pass 1 faster at B1-S8192-H128 and B16-S512-H16, slower at B8-S2048-H128, and the FA3
+#: call's rotation cost worse at three of the four large shapes; so 8, as before
+BOUND_WARPS_ROTATED = 8
 
 if triton is not None:
     from .triton_quant import (
@@ -459,9 +465,10 @@ def quantize_heads(
     float32 sums. `sms` (the device's SM count) lets the dense rotated cast take
     `rotated_blocks` blocks per program (None: BLOCKS_ROTATED). `stages` > 1 pipelines the
     q and k blocks of a program (`_head_cast_kernel`; None: STAGES_ROTATED at WARPS_ROTATED
-    warps for the dense rotation on CUDA, else STAGES, or 1 with "kron" and "gluon").
-    With "gluon", `num_warps` is the cast's alone (`gluon_rotate.NUM_WARPS` by default) and
-    pass 1 runs as the dense rotation's (WARPS_ROTATED); `rows_per_warp` (8 or 16, default
+    warps for the dense rotation on CUDA, pass 1 at BOUND_WARPS_ROTATED, else STAGES, or 1
+    with "kron" and "gluon"). With "gluon", `num_warps` is the cast's alone
+    (`gluon_rotate.NUM_WARPS` by default) and pass 1 runs as the dense rotation's
+    (BOUND_WARPS_ROTATED); `rows_per_warp` (8 or 16, default
     `gluon_rotate.ROWS_PER_WARP`) is the rows each warp casts per step, `prefetch` and
     `paired_stores` (default `gluon_rotate.PREFETCH`, `PAIRED_STORES`) its load pipelining
     and store width, `qk_first` (default `gluon_rotate.QK_FIRST`) its programs' order; the
@@ -506,16 +513,17 @@ def quantize_heads(
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     hpp = max(d for d in range(1, max(1, heads_per_program) + 1) if heads % d == 0)
     if num_warps is not None and not glu:
-        warps = num_warps
+        warps = bound_warps = num_warps
     else:
+        warps = WARPS_ROTATED if tuned or glu else tq.quant_warps(q.device, rotate, rotation)
         # gluon: pass 1 as the dense rotation's on CUDA, so the partials (each row's float32
         # l1 sum, in an order the warps decide) and the descales are its bits
-        warps = WARPS_ROTATED if tuned or glu else tq.quant_warps(q.device, rotate, rotation)
+        bound_warps = BOUND_WARPS_ROTATED if tuned or glu else warps
     _head_bound_kernel[(splits, batch, heads // hpp)](
         q, k, v, cu_seqlens_q, cu_seqlens_k, partials, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), batch, heads, splits,
         ROTATE=bool(rotate), HEADS_PER_PROGRAM=hpp, PDL=pdl, PDL_EARLY=bool(PDL_EARLY),
-        num_warps=warps,
+        num_warps=bound_warps,
     )
     if blocks is None:
         # dense: M's 72 KB load per program, which more blocks amortize (`rotated_blocks`
