@@ -92,13 +92,19 @@ def host_table(result: dict) -> str:
     """benchmarks/host_fa3.py's pieces of host time (µs per call)."""
     head = ("shape", "fp8", "FA3 op (prebuilt args)", "op, num_splits 1", "op, scheduler metadata",
             "provider", "provider, no metadata", "provider, lse", "FA3 public",
-            "GPU µs: op / provider / provider, no metadata")
+            "GPU µs: op / provider / provider, no metadata", "interleaved: op", "provider",
+            "provider, lse", "ours / ours with lse")
     us = lambda r, k: _f((r.get(k) or 0) * 1e3, 1)  # noqa: E731
+    # the interleaved timing's medians (min in brackets), and our part: the per-round
+    # differences from the op
+    il = lambda r, k: f"{_f(r.get(k), 1)} ({_f(r.get(k[:-3] + '_min_us'), 1)})"  # noqa: E731
     rows = [(r["shape"], str(r["fp8"]), _f(r.get("raw_us"), 1), _f(r.get("raw_split1_us"), 1),
              _f(r.get("raw_sched_us"), 1), _f(r.get("provider_us"), 1),
              _f(r.get("provider_nosched_us"), 1), _f(r.get("provider_lse_us"), 1),
              _f(r.get("public_us"), 1),
-             f"{us(r, 'raw_gpu_ms')} / {us(r, 'provider_gpu_ms')} / {us(r, 'provider_nosched_gpu_ms')}")
+             f"{us(r, 'raw_gpu_ms')} / {us(r, 'provider_gpu_ms')} / {us(r, 'provider_nosched_gpu_ms')}",
+             il(r, "il_op_us"), il(r, "il_provider_us"), _f(r.get("il_provider_lse_us"), 1),
+             f"{_f(r.get('ours_us'), 1)} / {_f(r.get('ours_lse_us'), 1)}")
             for r in result["rows"]]
     return _table(head, rows)
 
