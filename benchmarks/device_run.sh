@@ -65,6 +65,8 @@
 #                                         # (prefill.py --auto-only), on whatever card the call got
 #   bash benchmarks/device_run.sh dev35   # pass 1 rotated at 8 warps against 16: the quantization's
 #                                         # and rotation's GPU tests, head_passes.py, rotation_cost.py
+#   bash benchmarks/device_run.sh dev36   # pass 1 rotated at 8, 16 and 4 warps on an H200: head_passes.py
+#                                         # and rotation_cost.py at every shape
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -73,7 +75,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -498,6 +500,24 @@ PY
             > "$out/rotation-cost-stop35.log" 2>&1 || status=1
         rotation_summary "$out/h200-rotation-stop35.json"
         ;;
+    dev36)
+        # for the next stop, on an H200: pass 1 rotated at 8 (the default), 16 and 4 warps,
+        # the passes apart at every shape, then the rotation's cost through FA3 at every
+        # shape at 8 and 16 (dev35 measured these on an H100 only, mixed)
+        timeout 150 python3 benchmarks/head_passes.py \
+            --shapes B1-S8192-H128,B4-S4096-H16,B1-S16384-H16,B8-S2048-H128,B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --variants plain,gluon,gluon_p1w16,gluon_p1w4 --out "$out/head-passes-stop36.json" \
+            > "$out/head-passes-stop36.log" 2>&1 || status=1
+        python3 - "$out/head-passes-stop36.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("pass1_us")})
+PY
+        timeout 230 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants p1w16 --out "$out/rotation-stop36.json" \
+            > "$out/rotation-cost-stop36.log" 2>&1 || status=1
+        rotation_summary "$out/rotation-stop36.json"
+        ;;
     dev32b)
         # the GPU suite's second half
         all_gpu_tests 560 8 -2of2
@@ -541,7 +561,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
