@@ -140,3 +140,25 @@ def test_v_key_order_follows_the_arch(arch):
               if fn.__name__ in ("_quant_qkv_kernel", "mla_prefill_kernel")}
     want = arch.startswith("sm_")
     assert orders == {"_quant_qkv_kernel": want, "mla_prefill_kernel": want}, orders
+
+
+@pytest.mark.parametrize("warps", [None, 4])
+def test_dense_and_gluon_casts_share_pass_one(warps, monkeypatch):
+    """The Gluon cast takes its descales from pass 1's partials as the dense cast does (the GPU
+    tests hold them equal bit for bit; a row's float32 l1 sum is ordered by the warps): on sm_90
+    both launch pass 1 at triton_heads.BOUND_WARPS_ROTATED, which neither cast's own warps
+    change."""
+    from mla_plugins.core.kernels import triton_heads as th
+
+    if warps is not None:
+        monkeypatch.setattr(th, "BOUND_WARPS_ROTATED", warps)
+
+    def launches(rotation):
+        calls = aot.record_heads("sm_90", rotate=True, rotation=rotation)
+        bound = [kw["num_warps"] for fn, _, kw in calls if fn is th._head_bound_kernel]
+        cast = [kw["num_warps"] for fn, _, kw in calls if fn is not th._head_bound_kernel]
+        return bound, cast
+
+    (dense, dense_cast), (glu, glu_cast) = launches("dense"), launches("gluon")
+    assert dense == glu == [th.BOUND_WARPS_ROTATED], (dense, glu)
+    assert dense_cast == [th.WARPS_ROTATED] and glu_cast, (dense_cast, glu_cast)
