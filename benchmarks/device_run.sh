@@ -111,6 +111,16 @@ for r in d["rows"]:
     print(r["shape"], {k: round(v, 4) for k, v in r.items() if k.endswith("_cost") or k.endswith("_ms")}, r.get("error", ""))
 PY
 }
+# one line per row of head_passes.py's JSON $1: shape, its timings in µs whose key ends with
+# one of the suffixes in $2 (comma-separated; default "_us": every one), "_us" cut off
+head_passes_summary() {
+    python3 - "$1" "${2:-_us}" <<'PY'
+import json, sys
+ends = tuple(sys.argv[2].split(","))
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith(ends)})
+PY
+}
 # every GPU test, bounded by $1 seconds, into gpu-tests$3.log; its last $2 lines shown; $3 (as
 # "-2of2"): part 2 of 2 of them only (benchmarks/pytest_part.py), for a cold machine, where
 # the whole suite outlasts one call
@@ -438,11 +448,7 @@ PY
         timeout 150 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
             --variants plain,plain_late,plain_nopdl,gluon,gluon_late,gluon_nopdl,gluon_grid3,gluon_grid3_nopdl \
             --out "$out/head-passes-stop33c.json" > "$out/head-passes-stop33c.log" 2>&1 || status=1
-        python3 - "$out/head-passes-stop33c.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("_both_us") or k.endswith("pass2_us")})
-PY
+        head_passes_summary "$out/head-passes-stop33c.json" _both_us,pass2_us
         timeout 150 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 --pdl-off --gluon-variants grid3 \
             --out "$out/rotation-stop33c.json" > "$out/rotation-cost-stop33c.log" 2>&1 || status=1
@@ -462,11 +468,7 @@ PY
         timeout 100 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
             --variants plain,plain_nopdl,gluon,gluon_pdl --out "$out/h100-head-passes-stop34.json" \
             > "$out/head-passes-stop34.log" 2>&1 || status=1
-        python3 - "$out/h100-head-passes-stop34.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("_us")})
-PY
+        head_passes_summary "$out/h100-head-passes-stop34.json"
         all_gpu_tests 230 8 -1of2
         ;;
     dev34b)
@@ -480,8 +482,9 @@ PY
         ;;
     dev35)
         # stop 35 (it ran once, on an H100, with BOUND_WARPS_ROTATED 16 the default and 8
-        # the variant; 8 was kept, so the variants now name 16): the GPU tests of the per-head quantization and the rotation, the
-        # passes apart at four shapes, the rotation's cost through FA3 at every shape
+        # the variant; 8 was kept, so the variants now name 16): the GPU tests of the
+        # per-head quantization and the rotation, the passes apart at four shapes, the
+        # rotation's cost through FA3 at every shape
         timeout 170 python3 -m pytest tests/gpu/test_gluon_rotation.py tests/gpu/test_flash_attn_gpu.py \
             tests/gpu/test_triton.py -q -p no:cacheprovider \
             -k "gluon_rotation or flash_attn_gpu or quant or rotat or kron or pipelined or isolat or bad_values" \
@@ -490,11 +493,7 @@ PY
         timeout 110 python3 benchmarks/head_passes.py --shapes B16-S512-H16,B8-S2048-H128,B1-S8192-H128,B1-S1024-H16 \
             --variants plain,gluon,gluon_p1w16 --out "$out/h200-head-passes-stop35.json" \
             > "$out/head-passes-stop35.log" 2>&1 || status=1
-        python3 - "$out/h200-head-passes-stop35.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("_us")})
-PY
+        head_passes_summary "$out/h200-head-passes-stop35.json"
         timeout 230 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --gluon-variants p1w16 --out "$out/h200-rotation-stop35.json" \
             > "$out/rotation-cost-stop35.log" 2>&1 || status=1
@@ -508,11 +507,7 @@ PY
             --shapes B1-S8192-H128,B4-S4096-H16,B1-S16384-H16,B8-S2048-H128,B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
             --variants plain,gluon,gluon_p1w16,gluon_p1w4 --out "$out/head-passes-stop36.json" \
             > "$out/head-passes-stop36.log" 2>&1 || status=1
-        python3 - "$out/head-passes-stop36.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(r["shape"], {k[:-3]: v for k, v in r.items() if k.endswith("pass1_us")})
-PY
+        head_passes_summary "$out/head-passes-stop36.json" pass1_us
         timeout 230 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
             --gluon-variants p1w16 --out "$out/rotation-stop36.json" \
             > "$out/rotation-cost-stop36.log" 2>&1 || status=1
