@@ -533,15 +533,27 @@ def test_kron_spreads_an_outlier(emulated):
     k[..., 37] *= 200.0
     b = len(LENS_Q)
     want, want_s = head_quantize(k, ck.tolist(), STORE, rotate_=True)
+
+    def peak_over_rms(k8):
+        row = k8[ck[2]:ck[3]].float()
+        return row.abs().amax(-1) / row.pow(2).mean(-1).sqrt()
+
+    # unrotated, a row the outlier dominates is one feature: its peak is ~sqrt(192) = 13.9
+    # times its rms
+    _, k8, _, _, _ = th.quantize_heads(q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), 1, STORE,
+                                       rotate=False, fp8_max=LIMIT)
+    assert peak_over_rms(k8).median() > 10
     for rotation in ("dense", "kron"):
         _, k8, _, d, _ = th.quantize_heads(q, k, v, cq, ck, b, max(LENS_Q), max(LENS_K), 1, STORE,
                                            rotate=True, rotation=rotation, fp8_max=LIMIT)
         assert_within_a_step(k8, want, True)
         assert_scales(d[1], want_s, True)
-        # spread: the rotated row's largest value is no more than ~3x its rms, not 200x
-        row = k8[ck[2]:ck[3]].float()
-        ratio = row.abs().amax(-1) / row.pow(2).mean(-1).sqrt()
-        assert (ratio < 5).all(), rotation
+        # spread: a typical rotated row is flat (the outlier's ±1 pattern, peak ~1.2x rms), and
+        # no row is worse than 192 Gaussian features get. The bound is 7, not 5: a run of 400
+        # Gaussian rows passes 5 about once in a thousand runs (CI met it), 7 about once in 1e6
+        ratio = peak_over_rms(k8)
+        assert ratio.median() < 2, rotation
+        assert (ratio < 7).all(), rotation
 
 
 def test_rotation_knob_is_checked():
