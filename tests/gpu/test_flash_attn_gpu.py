@@ -173,7 +173,7 @@ GRAPH_CASES = {"empty-and-no-key": CASES["empty-and-no-key"], "equal-lengths": (
 def test_cuda_graph_replay_on_new_values(case, mode, device):
     """A planned call captured once, replayed on new q/k/v copied into the captured inputs:
     a varlen batch, and an equal-length one in FA3's batched layout (its lse copied into
-    [total_q, H] inside the graph)."""
+    [H, total_q] inside the graph, handed back as the [total_q, H] view, as a varlen call's)."""
     lens_q, lens_k = GRAPH_CASES[case]
     heads, fp8, rotate = 16, mode != "bf16", mode == "e4m3-rotated"
     cq, ck = offsets(lens_q), offsets(lens_k)
@@ -192,6 +192,7 @@ def test_cuda_graph_replay_on_new_values(case, mode, device):
     with torch.cuda.graph(graph):
         _, glse = mla_plugins.mla_prefill(q, k, v, return_lse=True, **kw)
     assert _batched_call(plan) == (case == "equal-lengths")
+    assert glse.t().is_contiguous(), "vLLM's [H, total_q] must need no copy"
     cu_q, cu_k = torch.tensor(cq, device=device), torch.tensor(ck, device=device)
     for seed in (11, 12):
         q2, k2, v2, _, _ = random_batch(lens_q, lens_k, heads, device=device, seed=seed)

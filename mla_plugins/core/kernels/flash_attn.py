@@ -559,11 +559,13 @@ class FlashAttnKernel(Kernel):
         """lse [total_q, H] as a view of FA3's own [H, total_q] tensor: no copy (measured on
         the H200: the transposing copy cost 15-26 µs of host time per call), and vLLM's
         layout (`lse.t()`) is then contiguous already. Equal-length batches: FA3's
-        [B, H, S] copied into [total_q, H]."""
+        [B, H, S] copied into [H, total_q] (the one copy that layout needs), handed back the
+        same way, so `lse.t()` is contiguous whichever call FA3 got (vLLM's adapter copies
+        nothing more; SGLang's `[T, H]` costs its one copy as after a varlen call)."""
         fa_lse, batch = self._forward(inputs, plan, out, workspace)
         if batch is None:
             return fa_lse.t()
-        return fa_lse.transpose(1, 2).reshape(plan.total_q, fa_lse.shape[1])
+        return fa_lse.transpose(0, 1).reshape(fa_lse.shape[1], plan.total_q).t()
 
     def _forward(self, inputs: PrefillInputs, plan: PrefillPlan, out: torch.Tensor,
                  workspace: torch.Tensor | None) -> tuple:
