@@ -65,8 +65,9 @@
 #                                         # (prefill.py --auto-only), on whatever card the call got
 #   bash benchmarks/device_run.sh dev35   # pass 1 rotated at 8 warps against 16: the quantization's
 #                                         # and rotation's GPU tests, head_passes.py, rotation_cost.py
-#   bash benchmarks/device_run.sh dev36   # pass 1 rotated at 8, 16 and 4 warps on an H200: head_passes.py
-#                                         # and rotation_cost.py at every shape
+#   bash benchmarks/device_run.sh dev36   # pass 1 rotated at 8, 16 and 4 warps, the Gluon cast at 128
+#                                         # registers, on an H200: its GPU tests, head_passes.py and
+#                                         # rotation_cost.py at every shape
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -501,15 +502,20 @@ PY
         ;;
     dev36)
         # for the next stop, on an H200: pass 1 rotated at 8 (the default), 16 and 4 warps,
-        # the passes apart at every shape, then the rotation's cost through FA3 at every
-        # shape at 8 and 16 (dev35 measured these on an H100 only, mixed)
-        timeout 150 python3 benchmarks/head_passes.py \
+        # and the Gluon cast at 128 registers (gluon_rotate.MAXNREG), the passes apart at
+        # every shape, then the rotation's cost through FA3 at every shape with each (dev35
+        # measured the warps on an H100 only, mixed); the Gluon cast's GPU tests first (the
+        # knobs' bytes, MAXNREG among them)
+        timeout 90 python3 -m pytest tests/gpu/test_gluon_rotation.py -q -p no:cacheprovider \
+            > "$out/gpu-tests-gluon-stop36.log" 2>&1 || status=1
+        tail -3 "$out/gpu-tests-gluon-stop36.log"
+        timeout 170 python3 benchmarks/head_passes.py \
             --shapes B1-S8192-H128,B4-S4096-H16,B1-S16384-H16,B8-S2048-H128,B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
-            --variants plain,gluon,gluon_p1w16,gluon_p1w4 --out "$out/head-passes-stop36.json" \
+            --variants plain,gluon,gluon_p1w16,gluon_p1w4,gluon_r128 --out "$out/head-passes-stop36.json" \
             > "$out/head-passes-stop36.log" 2>&1 || status=1
-        head_passes_summary "$out/head-passes-stop36.json" pass1_us
-        timeout 230 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
-            --gluon-variants p1w16 --out "$out/rotation-stop36.json" \
+        head_passes_summary "$out/head-passes-stop36.json" pass1_us,pass2_us
+        timeout 250 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants p1w16,r128 --out "$out/rotation-stop36.json" \
             > "$out/rotation-cost-stop36.log" 2>&1 || status=1
         rotation_summary "$out/rotation-stop36.json"
         ;;
