@@ -290,17 +290,22 @@ def _kernel_for_plan(plan: PrefillPlan, inputs: PrefillInputs, kernel: str):
     return chosen
 
 
-def _call_signature(q, k, v, softmax_scale, out) -> tuple:
+def _call_signature(q, k, v, softmax_scale, out, lse) -> tuple:
     """What the checks of a planned call depend on, besides the flags (compared by identity:
     causal=1 equals True but must still be refused) and the plan itself."""
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
             softmax_scale, type(softmax_scale),
-            None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            None if lse is None else (lse.shape, lse.stride(), lse.dtype, lse.device))
 
 
-def _run(chosen, inputs: PrefillInputs, plan: PrefillPlan, out, return_lse: bool, workspace):
-    """The chosen kernel's run into `out`; lse [total_q, H] (the kernel's own where it has
-    one: `Kernel.run_with_lse`) or None."""
+def _run(chosen, inputs: PrefillInputs, plan: PrefillPlan, out, return_lse: bool, workspace,
+         lse=None):
+    """The chosen kernel's run into `out`; lse [total_q, H] (the caller's `lse`, written by
+    the kernel's run; else the kernel's own where it has one: `Kernel.run_with_lse`) or None."""
+    if lse is not None:
+        chosen.run(inputs, plan, out, lse, workspace)
+        return lse
     if return_lse:
         return chosen.run_with_lse(inputs, plan, out, workspace)
     chosen.run(inputs, plan, out, None, workspace)
@@ -308,7 +313,7 @@ def _run(chosen, inputs: PrefillInputs, plan: PrefillPlan, out, return_lse: bool
 
 
 def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace,
-                  fp8_rotate):
+                  fp8_rotate, lse):
     """A layer's call of a batch whose arguments look like one this plan accepted: every
     check of the full path is a function of the signature, the flags and the plan, so none
     is repeated (the per-call host cost of a serving loop). None: take the full path."""
@@ -317,7 +322,7 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
             or memo[5] is not fp8_rotate):
         return None
     try:
-        signature = _call_signature(q, k, v, softmax_scale, out)
+        signature = _call_signature(q, k, v, softmax_scale, out, lse)
     except AttributeError:  # not tensors: the full path names the argument
         return None
     if signature != memo[0]:
@@ -330,7 +335,7 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
     )
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = _run(chosen, inputs, plan, out, return_lse, workspace)
+    lse = _run(chosen, inputs, plan, out, return_lse, workspace, lse)
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=out_shape[0], k_tokens=plan.total_k,
                        heads=out_shape[1], auto_bf16=plan.auto_bf16 and given_fp8 is True)
@@ -353,6 +358,7 @@ def mla_prefill(
     kernel: str = "auto",
     workspace: torch.Tensor | None = None,
     fp8_rotate: bool | None = None,
+    lse: torch.Tensor | None = None,
 ):
     """Varlen MLA prefill attention (MHA form), split-KV planned and LSE-reduced.
 
@@ -371,6 +377,9 @@ def mla_prefill(
     (out, lse) with lse float32 [total_q, H] (natural log) for every row when
     return_lse=True (through the flash_attn provider a view of FA3's own [H, total_q]
     tensor: `lse.t()` is contiguous, so a caller wanting that layout copies nothing).
+    lse: with return_lse=True, float32 [total_q, H] on q's device, any strides but 0 (e.g.
+    a contiguous one for a caller that needs [total_q, H] dense), written in place and
+    returned: the one copy a layout other than the kernel's own costs, made by the kernel.
     Rows that see no key: 0 and -inf.
     fp8_rotate: in fp8, multiply q and k by core/fp8.py's orthonormal rotation before the cast
     (the same logits; outlier features no longer dominate the rounding). None:
@@ -379,10 +388,10 @@ def mla_prefill(
     if plan is not None and type(plan) is PrefillPlan and (
             kernel == "auto" or kernel == plan.kernel):
         result = _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace,
-                               fp8_rotate)
+                               fp8_rotate, lse)
         if result is not None:
             return result
-    given = (plan, softmax_scale, causal, fp8, out, fp8_rotate)
+    given = (plan, softmax_scale, causal, fp8, out, fp8_rotate, lse)
     inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan,
                              fp8_rotate)
     out_shape = (q.shape[0], q.shape[1], v.shape[2])
@@ -397,6 +406,16 @@ def mla_prefill(
         check_writable_layout("out", out)  # also refuses expanded (stride 0) views
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: found {type(return_lse).__name__}, expected bool")
+    if lse is not None:
+        if not return_lse:
+            raise ValueError("lse: given with return_lse=False, expected return_lse=True (lse is "
+                             "written and returned beside out) or no lse")
+        check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,))
+        if tuple(lse.shape) != out_shape[:2]:
+            raise ValueError(f"lse: found {tuple(lse.shape)}, expected {out_shape[:2]} "
+                             "([total_q, H])")
+        check_same_device("q", q, lse=lse)
+        check_writable_layout("lse", lse, unit_last=False)  # refuses expanded (stride 0) views
     if plan is not None:
         chosen = _kernel_for_plan(plan, inputs, kernel)
     else:
@@ -411,7 +430,7 @@ def mla_prefill(
         inputs = replace(inputs, cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k)
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = _run(chosen, inputs, plan, out, return_lse, workspace)
+    lse = _run(chosen, inputs, plan, out, return_lse, workspace, lse)
     if tracing():
         record_prefill(kernel=chosen.name, fp8=inputs.fp8, q_tokens=q.shape[0], k_tokens=k.shape[0],
                        heads=q.shape[1], auto_bf16=given[3] is True and not inputs.fp8 and (
@@ -419,9 +438,10 @@ def mla_prefill(
     if (given[0] is not None and kernel in ("auto", plan.kernel) and inputs.dtype == plan.dtype
             and chosen is plan.memo.get("kernel")):
         # every check above passed for this signature: the batch's next layers skip them
-        _, scale, causal_given, fp8_given, out_given, rotate_given = given
+        _, scale, causal_given, fp8_given, out_given, rotate_given, lse_given = given
         plan.memo["call"] = (
-            _call_signature(q, k, v, scale, out_given), causal_given, fp8_given, return_lse,
+            _call_signature(q, k, v, scale, out_given, lse_given), causal_given, fp8_given,
+            return_lse,
             (chosen, inputs.softmax_scale, inputs.causal, inputs.fp8, inputs.fp8_dtype, out_shape,
              inputs.fp8_rotate),
             rotate_given,

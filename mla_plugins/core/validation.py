@@ -103,16 +103,17 @@ def check_same_device(reference_name: str, reference: torch.Tensor, **others) ->
             )
 
 
-def check_writable_layout(name: str, t: torch.Tensor) -> None:
+def check_writable_layout(name: str, t: torch.Tensor, *, unit_last: bool = True) -> None:
     """An output must own its elements: an expanded view (stride 0 over a dim of size > 1)
-    aliases many elements to one address, and a unit stride in the last dim is required."""
+    aliases many elements to one address; and, with `unit_last`, a unit stride in the last
+    dim is required."""
     for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
         if size > 1 and stride == 0:
             raise ValueError(
                 f"{name}: found stride 0 in dim {dim} (an expanded view: its elements share "
                 f"memory), expected a tensor that owns each element, e.g. torch.empty{tuple(t.shape)}"
             )
-    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+    if unit_last and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name}: found strides {t.stride()}, expected a unit stride in the last dim")
 
 

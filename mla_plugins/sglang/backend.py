@@ -372,15 +372,17 @@ def backend_class():
                         cu_k_host = self._chunk_offsets_host(forward_batch, idx)
                     plan = self._plan(meta, key, meta.cu_q_host, cu_k_host, causal=causal,
                                       heads=heads, dqk=dqk, dv=dv, dtype=q3.dtype)
+                # SGLang's merge_state kernels index lse [T, H] densely: the kernel writes it
+                # there (a provider whose own lse has another layout, FA3's [H, T] or
+                # [B, H, S], makes its one copy into it)
+                lse = (torch.empty((q3.shape[0], heads), dtype=torch.float32, device=q3.device)
+                       if return_lse else None)
                 result = mla_plugins.mla_prefill(
                     q3, k3, v3, plan=plan, softmax_scale=layer.scaling, causal=causal,
-                    fp8=self.fp8, return_lse=return_lse,
+                    fp8=self.fp8, return_lse=return_lse, lse=lse,
                 )
             if return_lse:
-                out, lse = result
-                # SGLang's merge_state kernels index lse [T, H] densely; the flash_attn
-                # provider's lse is a view of FA3's [H, T] tensor (a no-op for the others)
-                return out, lse.contiguous()
+                return result
             return result.view(-1, heads * dv)
 
         def forward_mixed(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -97,6 +97,13 @@ def test_batched_equals_varlen(builds, on_cpu, monkeypatch, lens, causal, fp8): 
         lse2 = torch.full((q.shape[0], 2), float("nan"))
         flash_attn.FlashAttnKernel().run(inputs, plan, out2, lse2)
         assert torch.equal(out2, out) and torch.equal(lse2, lse), "run() and run_with_lse differ"
+        # mla_prefill(lse=...): a caller's buffer, dense (SGLang's) or [H, T] seen as [T, H]
+        for buf in (torch.full((q.shape[0], 2), float("nan")),
+                    torch.full((2, q.shape[0]), float("nan")).t()):
+            _, lse3 = mla_plugins.mla_prefill(q, k, v, plan=plan, kernel="flash_attn", fp8=fp8,
+                                              fp8_rotate=False, causal=causal, return_lse=True,
+                                              lse=buf)
+            assert lse3 is buf and torch.equal(buf, lse), "lse= differs from run_with_lse"
         got[batched] = (out, lse)
     assert torch.equal(got[True][0], got[False][0]), "out: batched layout differs from varlen"
     assert torch.equal(got[True][1], got[False][1]), "lse: batched layout differs from varlen"

@@ -67,6 +67,10 @@ def test_layers_take_the_fast_path_and_match_float64(planned, monkeypatch):
     ("short out", ValueError, "out: found"),
     ("fp16 out", ValueError, "out: found"),
     ("q list", TypeError, "q: found list"),
+    ("lse without return_lse", ValueError, "lse: given with return_lse=False"),
+    ("short lse", ValueError, "lse: found"),
+    ("fp16 lse", TypeError, "lse: found dtype"),
+    ("expanded lse", ValueError, "lse: found stride 0"),
 ])
 def test_a_call_the_checks_refuse_is_refused_after_the_memo(planned, case, error, match):
     q, k, v, cq, ck, plan = planned
@@ -103,6 +107,18 @@ def test_a_call_the_checks_refuse_is_refused_after_the_memo(planned, case, error
         kwargs["out"] = torch.empty(out_shape, dtype=torch.float16)
     elif case == "q list":
         q = q.tolist()
+    elif case.endswith("lse"):  # accept a caller's lse first: the memo holds its layout
+        lse = torch.empty(out_shape[:2])
+        mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=False, return_lse=True, lse=lse)
+        kwargs.update(return_lse=True, lse=lse)
+        if case == "lse without return_lse":
+            kwargs["return_lse"] = False
+        elif case == "short lse":
+            kwargs["lse"] = lse[1:]
+        elif case == "fp16 lse":
+            kwargs["lse"] = lse.half()
+        else:
+            kwargs["lse"] = torch.empty(1, H).expand(out_shape[:2])
     with pytest.raises(error, match=match):
         mla_plugins.mla_prefill(q, k, v, **kwargs)
 
@@ -134,6 +150,27 @@ def test_lse_mode_and_trace_on_the_fast_path(planned, monkeypatch, tmp_path):
     monkeypatch.delenv("MLA_PLUGINS_TRACE")
     mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=False, return_lse=True)
     assert len(trace.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("layout", ["dense", "heads_first"])
+def test_lse_into_the_callers_buffer(planned, monkeypatch, layout):
+    """`lse=` (any strides: SGLang's dense [T, H], or vLLM's [H, T] seen as [T, H]) is written
+    in place and returned, every row of it (poisoned first), on the full path then the fast
+    one; the buffer's layout is part of what the memo compares."""
+    q, k, v, cq, ck, plan = planned
+    ref, ref_lse = reference_attention(q, k, v, cq, ck, causal=True)
+    full = _fast_path_taken(monkeypatch)
+    shape = (q.shape[0], H)
+    for _ in range(3):
+        lse = poisoned(shape if layout == "dense" else shape[::-1], torch.float32)
+        lse = lse if layout == "dense" else lse.t()
+        out, got = mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=False, return_lse=True, lse=lse)
+        assert got is lse and not lse.isnan().any()
+        assert relative_error(out, ref) <= BF16_TOL
+        seen = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isinf(lse), ~seen)
+        assert (lse.double()[seen] - ref_lse[seen]).abs().max() <= 2e-3
+    assert len(full) == 1, "a new lse layout takes the full path once"
 
 
 def test_a_kernel_named_per_call_is_selected_every_call(planned, monkeypatch):

@@ -170,6 +170,8 @@ def test_chunked_prefix_path_returns_mergeable_lse(sg):
     o2, lse2 = _run(sg, backend, batch, layer, q, k[prefix_rows], v[prefix_rows])
     assert o1.shape == o2.shape == (q.shape[0], H, DV) and lse1.shape == (q.shape[0], H)
     assert lse1.dtype == torch.float32 and torch.isfinite(lse1).all()
+    # SGLang's merge_state kernels index lse [T, H] densely
+    assert lse1.is_contiguous() and lse2.is_contiguous()
     # Row of sequence 1 (no prefix) sees no prefix key: lse -inf, out 0.
     rows_b1 = slice(extend_lens[0], extend_lens[0] + extend_lens[1])
     assert torch.isneginf(lse2[rows_b1]).all() and (o2[rows_b1] == 0).all()
