@@ -54,6 +54,28 @@ def test_prefill_matches_float64(case, causal, workers):
     assert relative_error(lse[finite], ref_lse[finite]) <= 1e-3
 
 
+@pytest.mark.parametrize("workers", [None, 5])
+def test_lse_into_a_heads_first_buffer(workers):
+    """`mla_prefill(lse=...)` with vLLM's layout ([H, total_q] seen as [total_q, H]): the
+    attention's direct stores and the reduce's (split rows, workers 5) both write through
+    the buffer's strides, every row (poisoned first), no copy made."""
+    lens_q, lens_k = CASES["cached prefix"]
+    heads = 2
+    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, dtype=torch.float16)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=heads, dtype=torch.float16, fp8=False,
+                                    tile_q=128, kv_granularity=64, num_workers=workers,
+                                    kernel="triton")
+    buf = poisoned((heads, q.shape[0]), torch.float32).t()
+    out, lse = mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=False, return_lse=True, lse=buf,
+                                       kernel="triton")
+    ref_out, ref_lse = reference_attention(q, k, v, cq, ck, causal=True)
+    assert lse is buf and not torch.isnan(buf).any()
+    assert relative_error(out, ref_out) <= BF16_TOL
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert relative_error(lse[finite], ref_lse[finite]) <= 1e-3
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "vllm-v-view", "padded-heads"])
 def test_tma_loads_match_float64(layout, monkeypatch):
     """The descriptor path (forced: the interpreter runs TMA loads) on the layouts adapters
