@@ -65,9 +65,10 @@
 #                                         # (prefill.py --auto-only), on whatever card the call got
 #   bash benchmarks/device_run.sh dev35   # pass 1 rotated at 8 warps against 16: the quantization's
 #                                         # and rotation's GPU tests, head_passes.py, rotation_cost.py
-#   bash benchmarks/device_run.sh dev36   # pass 1 rotated at 8, 16 and 4 warps, the Gluon cast at 128
-#                                         # registers, on an H200: its GPU tests, head_passes.py and
-#                                         # rotation_cost.py at every shape
+#   bash benchmarks/device_run.sh dev36   # the Gluon fp8 softmax's exponentials partly on the FMA
+#                                         # pipe (prefill.py --variants, poly 2/4/8), the Gluon cast at
+#                                         # 128 registers at the small shapes (head_passes, rotation_cost)
+#   bash benchmarks/device_run.sh dev36b  # the whole GPU suite in one call
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -76,7 +77,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -501,23 +502,31 @@ PY
         rotation_summary "$out/h200-rotation-stop35.json"
         ;;
     dev36)
-        # for the next stop, on an H200: pass 1 rotated at 8 (the default), 16 and 4 warps,
-        # and the Gluon cast at 128 registers (gluon_rotate.MAXNREG), the passes apart at
-        # every shape, then the rotation's cost through FA3 at every shape with each (dev35
-        # measured the warps on an H100 only, mixed); the Gluon cast's GPU tests first (the
-        # knobs' bytes, MAXNREG among them)
-        timeout 90 python3 -m pytest tests/gpu/test_gluon_rotation.py -q -p no:cacheprovider \
-            > "$out/gpu-tests-gluon-stop36.log" 2>&1 || status=1
-        tail -3 "$out/gpu-tests-gluon-stop36.log"
-        timeout 170 python3 benchmarks/head_passes.py \
-            --shapes B1-S8192-H128,B4-S4096-H16,B1-S16384-H16,B8-S2048-H128,B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
-            --variants plain,gluon,gluon_p1w16,gluon_p1w4,gluon_r128 --out "$out/head-passes-stop36.json" \
+        # stop 36: the Gluon fp8 softmax with one exponential in 2, 4 or 8 on the FMA pipe
+        # (TileConfig.exp2_poly, FA4's polynomial) beside its default, the attention alone and
+        # end to end, at the four large shapes, chunked H16 and B1-S1024-H16; then the Gluon
+        # cast at 128 registers (gluon_rotate.MAXNREG: its GPU tests, the passes apart and the
+        # rotation's cost through FA3 at the three small shapes)
+        timeout 300 python3 benchmarks/prefill.py --variants \
+            --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late poly2,gluon 128x128 s4 q_tma late poly4,gluon 128x128 s4 q_tma late poly8" \
+            --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16,chunked-q512-k8192-H16,B1-S1024-H16 \
+            --out "$out/variants-stop36.json" > "$out/variants-stop36.log" 2>&1 || status=1
+        summarize_variants "$out/variants-stop36.log"
+        timeout 60 python3 -m pytest tests/gpu/test_gluon_rotation.py -q -p no:cacheprovider \
+            -k knobs > "$out/gpu-tests-gluon-stop36.log" 2>&1 || status=1
+        tail -2 "$out/gpu-tests-gluon-stop36.log"
+        timeout 60 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --variants plain,gluon,gluon_r128 --out "$out/head-passes-stop36.json" \
             > "$out/head-passes-stop36.log" 2>&1 || status=1
         head_passes_summary "$out/head-passes-stop36.json" pass1_us,pass2_us
-        timeout 250 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
-            --gluon-variants p1w16,r128 --out "$out/rotation-stop36.json" \
-            > "$out/rotation-cost-stop36.log" 2>&1 || status=1
+        timeout 110 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
+            --gluon-variants r128 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --out "$out/rotation-stop36.json" > "$out/rotation-cost-stop36.log" 2>&1 || status=1
         rotation_summary "$out/rotation-stop36.json"
+        ;;
+    dev36b)
+        # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)
+        all_gpu_tests 540 8
         ;;
     dev32b)
         # the GPU suite's second half
@@ -562,7 +571,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
