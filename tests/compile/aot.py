@@ -246,8 +246,7 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
         return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
-                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else "")
-                + (f" poly{c['EXP2_POLY']}" if c["EXP2_POLY"] else ""))
+                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else ""))
     pdl = " pdl" if c.get("PDL") else ""
     if fn.__name__ == "_gluon_cast_kernel":
         return f"heads cast rotate gluon w{c['num_warps']}" + pdl
@@ -287,9 +286,7 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=False), layout="vllm"),
                 # the accumulator's rescale in the other place (TileConfig.rescale_late)
                 dict(fp8=True, config=replace(g, rescale_late=False)),
-                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True)),
-                # exponentials partly on the FMA pipe (TileConfig.exp2_poly, fp8 only)
-                dict(fp8=True, config=replace(g, exp2_poly=4))]
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True))]
     else:
         runs = []
         for fp8 in (True, False):

@@ -78,53 +78,6 @@ MAXNREG = 168
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 
-#: 2^f on [0, 1) as 1 + f (C1 + f (C2 + f C3)), the polynomial of `exp2_asm`: minimax for the
-#: relative error (8.6e-5 evaluated in float32; FA4's three are nearly the same), fitted by
-#: linear programming over 4001 points (benchmarks/NOTES.md, stop 36)
-EXP2_POLY_COEFFS = (0.6951166391372681, 0.22764497995376587, 0.07706724107265472)
-
-
-def exp2_asm(n: int, coeffs: tuple = EXP2_POLY_COEFFS) -> str:
-    """PTX for `_exp2`'s pack of n float32 values: outputs $0..$(n-1), inputs $n..$(2n-1).
-    The first n - 1 by MUFU (ex2.approx.ftz.f32, what gl.exp2 lowers to: the non-ftz form
-    adds three instructions around each), the last by a polynomial on the FMA pipe (FA4's
-    emulation): x clamped to >= -127; t = x + 1.5 * 2^23 rounded down, whose low mantissa
-    bits hold floor(x) as a two's complement integer; f = x - floor(x) in [0, 1); 2^x =
-    poly(f) with floor(x) added to its exponent by one integer multiply-add, t's bits times
-    2^23 (all but the low nine fall off the top; ptxas makes it one LEA).
-    -inf gives exactly +0 (f = 0, poly = 1.0, whose exponent 127 loses 127). A NaN gives 0
-    where MUFU gives NaN: fp8 scores are NaN only through a NaN scale, which makes a whole
-    row or key block NaN, and every row holds MUFU values of every pack, so the row's sum is
-    still NaN (the emulation is fp8-only for this reason: 16-bit scores can be NaN one key at
-    a time)."""
-    import struct  # self-contained: Gluon compiles it as a constexpr function (no globals)
-
-    n = getattr(n, "value", n)
-    if n < 2:
-        raise ValueError(f"exp2_asm: found n={n}, expected a pack of at least 2 values")
-    c1, c2, c3 = (f"0f{struct.unpack('<I', struct.pack('<f', c))[0]:08X}" for c in coeffs)
-    x = f"${2 * n - 1}"
-    lines = [f"ex2.approx.ftz.f32 ${i}, ${n + i};" for i in range(n - 1)]
-    lines += [
-        "{",
-        ".reg .f32 %px, %pt, %pfl, %pf, %pp;",
-        ".reg .b32 %ptb, %ppb;",
-        f"max.f32 %px, {x}, 0fC2FE0000;",
-        "add.rm.f32 %pt, %px, 0f4B400000;",
-        "sub.f32 %pfl, %pt, 0f4B400000;",
-        "sub.f32 %pf, %px, %pfl;",
-        f"fma.rn.f32 %pp, %pf, {c3}, {c2};",
-        f"fma.rn.f32 %pp, %pp, %pf, {c1};",
-        "fma.rn.f32 %pp, %pp, %pf, 0f3F800000;",
-        "mov.b32 %ptb, %pt;",
-        "mov.b32 %ppb, %pp;",
-        "mad.lo.u32 %ppb, %ptb, 8388608, %ppb;",
-        f"mov.b32 ${n - 1}, %ppb;",
-        "}",
-    ]
-    return "\n".join(lines)
-
-
 if gluon is not None:
     NOPE_G = gl.constexpr(128)
     ROPE_G = gl.constexpr(64)
@@ -176,28 +129,10 @@ if gluon is not None:
         v_buf.store(gl.where(keep[:, None], v, gl.zeros_like(v)))
         fence_async_shared()
 
-    _exp2_asm = gluon.constexpr_function(exp2_asm)
-
-    @gluon.constexpr_function
-    def _exp2_constraints(n):
-        n = getattr(n, "value", n)
-        return ",".join(["=f"] * n + ["f"] * n)
-
-    @gluon.jit
-    def _exp2(x, EXP2_POLY: gl.constexpr):
-        """2^x elementwise: gl.exp2 (MUFU), or with EXP2_POLY = n one value in every n of a
-        thread's registers by the polynomial (`_exp2_asm`) to unload MUFU (16 a clock an SM)
-        onto the FMA pipe (128); its relative error 8.6e-5 is far below fp8 P's 2^-4."""
-        if EXP2_POLY == 0:
-            return gl.exp2(x)
-        else:
-            return gl.inline_asm_elementwise(_exp2_asm(EXP2_POLY), _exp2_constraints(EXP2_POLY),
-                                             [x], dtype=gl.float32, is_pure=True, pack=EXP2_POLY)
-
     @gluon.jit
     def _softmax_block(s, m_i, l_i, scale, start, rows, kv_end, kv_offset, causal,
                        MASKED, P_SHIFT: gl.constexpr, col_layout: gl.constexpr,
-                       BLOCK_N: gl.constexpr, EXP2_POLY: gl.constexpr):
+                       BLOCK_N: gl.constexpr):
         """Online-softmax step on one score block (log2 domain), as triton_attention's."""
         if MASKED:
             cols = start + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -207,11 +142,11 @@ if gluon is not None:
             m_new = gl.maximum(m_i, gl.max(s, 1))
             # rows with nothing visible yet keep m = -inf; exponentiate against 0 instead
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = _exp2(s - (m_use - P_SHIFT)[:, None], EXP2_POLY)
+            p = gl.exp2(s - (m_use - P_SHIFT)[:, None])
         else:
             m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
             m_use = m_new
-            p = _exp2(s * scale - (m_use - P_SHIFT)[:, None], EXP2_POLY)
+            p = gl.exp2(s * scale - (m_use - P_SHIFT)[:, None])
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, m_new, l_i, alpha
@@ -316,8 +251,7 @@ if gluon is not None:
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal,
                       has_lse, qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                      FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr,
-                      EXP2_POLY: gl.constexpr):
+                      FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
         FP8: q, k, v block-scaled fp8 (the block scales applied per key block); else 16-bit.
         Q_TMA: the q block arrives in `q_n_smem`/`q_r_smem` by the producer's TMA (`q_ready`,
@@ -417,7 +351,7 @@ if gluon is not None:
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start, rows, kv_end,
                                                 kv_offset, causal, n_full == 0, P_SHIFT, col_s,
-                                                BLOCK_N, EXP2_POLY)
+                                                BLOCK_N)
 
         # each block's two scales are loaded one step ahead (their latency off the critical path)
         SSTEP: gl.constexpr = BLOCK_N // 16
@@ -451,7 +385,7 @@ if gluon is not None:
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start + j * BLOCK_N,
                                                 rows, kv_end, kv_offset, causal, j >= n_full,
-                                                P_SHIFT, col_s, BLOCK_N, EXP2_POLY)
+                                                P_SHIFT, col_s, BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(prev), count=1)
             if FP8:
@@ -513,7 +447,7 @@ if gluon is not None:
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
-                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr, EXP2_POLY: gl.constexpr):
+                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
         for k in range(_rounds(num_units, PERSISTENT)):
@@ -530,7 +464,7 @@ if gluon is not None:
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal, has_lse,
                               qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA,
-                              RESCALE_LATE, EXP2_POLY)
+                              RESCALE_LATE)
                 if Q_TMA:
                     qph += 1
             it += n_total
@@ -601,7 +535,7 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
-        RESCALE_LATE: gl.constexpr, EXP2_POLY: gl.constexpr,
+        RESCALE_LATE: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -652,13 +586,13 @@ if gluon is not None:
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, EXP2_POLY)),
+                         FP8, Q_TMA, RESCALE_LATE)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, EXP2_POLY)),
+                         FP8, Q_TMA, RESCALE_LATE)),
             (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
                          num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,
