@@ -65,9 +65,9 @@
 #                                         # (prefill.py --auto-only), on whatever card the call got
 #   bash benchmarks/device_run.sh dev35   # pass 1 rotated at 8 warps against 16: the quantization's
 #                                         # and rotation's GPU tests, head_passes.py, rotation_cost.py
-#   bash benchmarks/device_run.sh dev36   # the Gluon fp8 softmax's exponentials partly on the FMA
-#                                         # pipe (prefill.py --variants, poly 2/4/8), the Gluon cast at
-#                                         # 128 registers at the small shapes (head_passes, rotation_cost)
+#   bash benchmarks/device_run.sh dev36   # (stop 36's record: the knobs it measured are removed) the
+#                                         # Gluon fp8 softmax's exponentials partly on the FMA pipe, the
+#                                         # Gluon cast at 128 registers at the small shapes
 #   bash benchmarks/device_run.sh dev36b  # the whole GPU suite in one call
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
@@ -502,11 +502,13 @@ PY
         rotation_summary "$out/h200-rotation-stop35.json"
         ;;
     dev36)
-        # stop 36: the Gluon fp8 softmax with one exponential in 2, 4 or 8 on the FMA pipe
-        # (TileConfig.exp2_poly, FA4's polynomial) beside its default, the attention alone and
-        # end to end, at the four large shapes, chunked H16 and B1-S1024-H16; then the Gluon
-        # cast at 128 registers (gluon_rotate.MAXNREG: its GPU tests, the passes apart and the
-        # rotation's cost through FA3 at the three small shapes)
+        # stop 36 (ran once, on an H100, on ef834a1): the Gluon fp8 softmax with one
+        # exponential in 2, 4 or 8 on the FMA pipe (TileConfig.exp2_poly, FA4's polynomial)
+        # beside its default, the attention alone and end to end, at the four large shapes,
+        # chunked H16 and B1-S1024-H16; then the Gluon cast at 128 registers
+        # (gluon_rotate.MAXNREG: its GPU tests, the passes apart and the rotation's cost
+        # through FA3 at the three small shapes). Both lost and were removed (NOTES), so the
+        # variants below now name nothing but the default
         timeout 300 python3 benchmarks/prefill.py --variants \
             --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late poly2,gluon 128x128 s4 q_tma late poly4,gluon 128x128 s4 q_tma late poly8" \
             --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16,chunked-q512-k8192-H16,B1-S1024-H16 \

@@ -10,7 +10,6 @@ alone from a CUDA graph (the other launch swapped for one that launches nothing,
 left from a full call before), three rounds with the variants interleaved, the median. The
 variants: "plain" (the amax rule), "gluon" (rotated, the provider's default), "gluon_p1w16" and
 "gluon_p1w4" (pass 1 rotated at 16 and 4 warps in place of triton_heads.BOUND_WARPS_ROTATED),
-"gluon_r128" (the Gluon cast at 128 registers a thread, gluon_rotate.MAXNREG),
 "plain_nopdl" and "gluon_nopdl" (the passes as two ordinary launches, triton_heads.PDL False;
 the others launch pass 2 as pass 1's programmatic dependent where `head_pdl` allows: the
 plain ones; the Gluon cast without PDL by default, "gluon_pdl" with it, PDL_GLUON),
@@ -39,7 +38,6 @@ from rotation_cost import _knobs_set  # noqa: E402
 VARIANTS = {"plain": (False, {}), "gluon": (True, {}),
             "gluon_p1w16": (True, {"BOUND_WARPS_ROTATED": 16}),
             "gluon_p1w4": (True, {"BOUND_WARPS_ROTATED": 4}),
-            "gluon_r128": (True, {"gr.MAXNREG": 128}),
             "plain_nopdl": (False, {"PDL": False}), "gluon_nopdl": (True, {"PDL": False}),
             "gluon_grid3": (True, {"gr.QK_FIRST": False}),
             "plain_late": (False, {"PDL_EARLY": False}),

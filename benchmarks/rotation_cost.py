@@ -79,9 +79,7 @@ GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
                # the (program, sequence, head) order in place of q and k programs first
                "grid3": {"QK_FIRST": False},
                # pass 1 (the l1 bounds) at 16 warps in place of triton_heads.BOUND_WARPS_ROTATED
-               "p1w16": {"triton_heads.BOUND_WARPS_ROTATED": 16},
-               # the cast at 128 registers a thread: 4 programs an SM in place of 3
-               "r128": {"MAXNREG": 128}}
+               "p1w16": {"triton_heads.BOUND_WARPS_ROTATED": 16}}
 #: `--pdl-off`: FA3 unrotated and with the Gluon cast, the per-head quantization's two
 #: passes launched as ordinary launches (triton_heads.PDL False), the Gluon cast with PDL
 #: (triton_heads.PDL_GLUON True: "rot_gluon_pdl"; its default is without), and with PDL but

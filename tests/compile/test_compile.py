@@ -162,25 +162,3 @@ def test_dense_and_gluon_casts_share_pass_one(warps, monkeypatch):
     (dense, dense_cast), (glu, glu_cast) = launches("dense"), launches("gluon")
     assert dense == glu == [th.BOUND_WARPS_ROTATED], (dense, glu)
     assert dense_cast == [th.WARPS_ROTATED] and glu_cast, (dense_cast, glu_cast)
-
-
-def test_gluon_cast_maxnreg_reaches_the_compiler(monkeypatch):
-    """gluon_rotate.MAXNREG is passed to the cast's launch, and at 128 the cast compiles to 128
-    registers a thread, 4 programs an SM where ptxas alone gives 3 (what the knob is for; its
-    speed is the device's to tell, benchmarks/head_passes.py variant gluon_r128). Unset, the
-    launch passes no such option (ROCm's backend has none)."""
-    from mla_plugins.core.kernels import gluon_rotate as gr
-    from mla_plugins.core.kernels import triton_heads as th
-
-    def cast_spec():
-        calls = aot.record_heads("sm_90", rotate=True, rotation="gluon")
-        (fn, args, kwargs), = [c for c in calls if c[0] is th._gluon_cast_kernel]
-        return kwargs, aot.spec_of("sm_90", fn, args, kwargs, "gluon cast")
-
-    kwargs, _ = cast_spec()
-    assert "maxnreg" not in kwargs
-    monkeypatch.setattr(gr, "MAXNREG", 128)
-    kwargs, spec = cast_spec()
-    assert kwargs["maxnreg"] == 128 and spec.options["maxnreg"] == 128
-    res = aot.compile_spec(spec)
-    assert res.regs <= 128 and res.occupancy.startswith("4 CTA/SM"), (res.regs, res.occupancy)

@@ -114,12 +114,11 @@ def test_matches_head_quantize_and_dense(heads, dtype):
     assert (descales[:, 1] == 1).all(), "an empty sequence's descales are 1"
 
 
-def test_knobs_leave_every_byte(monkeypatch):
+def test_knobs_leave_every_byte():
     """Blocks per program, warps, rows per warp, heads per program, the loads issued a step
-    ahead, the paired stores, PDL (pass 2 started while pass 1 runs), the programs' order and
-    the registers a thread (gluon_rotate.MAXNREG) change which
-    program, warp or lane casts a row and when, never its arithmetic: every output byte the
-    default's."""
+    ahead, the paired stores, PDL (pass 2 started while pass 1 runs) and the programs' order
+    change which program, warp or lane casts a row and when, never its arithmetic: every
+    output byte the default's."""
     q, k, v, cq, ck = batch(6)
     k[700, 4, 3] = float("nan")
     want = quantize(q, k, v, cq, ck)
@@ -136,11 +135,6 @@ def test_knobs_leave_every_byte(monkeypatch):
         got = quantize(q, k, v, cq, ck, **knobs)
         for a, b in zip(want, got, strict=True):
             assert same_bytes(a, b), knobs
-    from mla_plugins.core.kernels import gluon_rotate as gr
-
-    monkeypatch.setattr(gr, "MAXNREG", 128)  # a compile option: a kernel of its own
-    for a, b in zip(want, quantize(q, k, v, cq, ck), strict=True):
-        assert same_bytes(a, b), "MAXNREG 128"
 
 
 def test_special_values():

@@ -104,11 +104,6 @@ QK_FIRST = True
 #: row's pair: a shuffle inside the warp) instead of 2 bytes of two rows: half the store
 #: requests, each output sector written by one request
 PAIRED_STORES = True
-#: registers a thread (ptxas's maxnreg) for the cast, or None for ptxas's own choice (149
-#: on sm_90 with PREFETCH: 3 programs of 4 warps an SM). 128 allows 4 programs an SM at the
-#: price of a spilled pair of values (one local store and two local loads a step, tests/
-#: compile); not measured yet, so off (benchmarks/NOTES.md, stop 35's second session)
-MAXNREG: int | None = None
 #: feature of a group held in k slot k (module doc): bits k0 k1 k2 k3 -> b0 b2 b3 b1
 PERM = tuple((k & 1) | ((k & 8) >> 2) | ((k & 2) << 1) | ((k & 4) << 1) for k in range(GROUP))
 #: feature of an output group held in accumulator row m: rows m and m + 8 (one thread's)

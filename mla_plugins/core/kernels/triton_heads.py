@@ -550,8 +550,6 @@ def quantize_heads(
     # the launch option only where it is on: ROCm's backend has no such option
     launch = {"launch_pdl": True} if pdl else {}
     if glu:
-        if gr.MAXNREG is not None:  # a compile option: passed only where set
-            launch["maxnreg"] = gr.MAXNREG
         # one dimension, q and k programs first (gluon_rotate's module doc, "Program order")
         _gluon_cast_kernel[((n_q + 2 * n_k) * batch * (heads // hpp),)](
             q, k, v, q8, k8, v8, descales, cu_seqlens_q, cu_seqlens_k, partials, rot,
