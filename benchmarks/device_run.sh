@@ -69,6 +69,8 @@
 #                                         # Gluon fp8 softmax's exponentials partly on the FMA pipe, the
 #                                         # Gluon cast at 128 registers at the small shapes
 #   bash benchmarks/device_run.sh dev36b  # the whole GPU suite in one call
+#   bash benchmarks/device_run.sh dev36c  # the Gluon fp8 row sums by the tensor cores (sum_mma): its
+#                                         # GPU tests, its variants beside the defaults
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -77,7 +79,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -526,6 +528,20 @@ PY
             --out "$out/rotation-stop36.json" > "$out/rotation-cost-stop36.log" 2>&1 || status=1
         rotation_summary "$out/rotation-stop36.json"
         ;;
+    dev36c)
+        # stop 36: the Gluon fp8 kernel's row sums by the tensor cores (TileConfig.sum_mma:
+        # P @ ones beside each P @ V in place of 64 FADD a thread a key block): its GPU tests
+        # (every phase-1 test through it), then each default beside it (one CTA per unit with
+        # the late rescale, with the early one, persistent) at seven shapes
+        timeout 200 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider -k "gluon-sum-mma" \
+            > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
+        tail -3 "$out/gpu-tests-sum-mma.log"
+        timeout 330 python3 benchmarks/prefill.py --variants \
+            --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma sum_mma,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent sum_mma" \
+            --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16,chunked-q512-k8192-H16,B1-S1024-H16,B16-S512-H16 \
+            --out "$out/variants-sum-mma.json" > "$out/variants-sum-mma.log" 2>&1 || status=1
+        summarize_variants "$out/variants-sum-mma.log"
+        ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)
         all_gpu_tests 540 8
@@ -573,7 +589,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

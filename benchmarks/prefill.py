@@ -282,8 +282,9 @@ def variant_configs(fp8: bool) -> dict:
     """The phase-1 variants `--variants` measures, by label: the portable kernel and the Gluon
     kernel (fp8, or 16-bit with `--bf16`): its default (fp8: one CTA per unit, q by TMA, the
     accumulator rescaled after the next q k^T is issued; 16-bit: the same but the rescale,
-    pingpong), with the other rescale place (`rescale_late`), and fp8's persistent form.
-    Stop 36 measured fp8 with part of the exponentials on the FMA pipe (removed, NOTES).
+    pingpong), with the other rescale place (`rescale_late`), and fp8's persistent form; in
+    fp8 each of the three with the row sums by the tensor cores (`sum_mma`, stop 36). Stop 36
+    also measured part of the exponentials on the FMA pipe (slower; removed, NOTES).
     Stop 28's runs measured the step, ring and q_tma choices, stop 29's the rescale's place
     and loading each unit's fields a unit ahead (NOTES)."""
     from dataclasses import replace
@@ -299,7 +300,9 @@ def variant_configs(fp8: bool) -> dict:
         configs = {"triton 64x64 w4 s4": FP8_CONFIG}
         base = GLUON_FP8_CONFIG
         knobs = ({}, {"rescale_late": False}, {"persistent": True, "q_tma": False,
-                                                 "rescale_late": False})
+                                                 "rescale_late": False},
+                 {"sum_mma": True}, {"sum_mma": True, "rescale_late": False},
+                 {"sum_mma": True, "persistent": True, "q_tma": False, "rescale_late": False})
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
         base = GLUON_BF16_CONFIG
@@ -308,7 +311,8 @@ def variant_configs(fp8: bool) -> dict:
         cfg = replace(base, **knob)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{cfg.num_stages}"
                 f"{' pingpong' if cfg.pingpong else ''}{' persistent' if cfg.persistent else ''}"
-                f"{' q_tma' if cfg.q_tma else ''}{' late' if cfg.rescale_late else ''}"] = cfg
+                f"{' q_tma' if cfg.q_tma else ''}{' late' if cfg.rescale_late else ''}"
+                f"{' sum_mma' if cfg.sum_mma else ''}"] = cfg
     return configs
 
 

@@ -246,7 +246,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
         return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
-                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else ""))
+                + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else "")
+                + (" sum_mma" if c["SUM_MMA"] else ""))
     pdl = " pdl" if c.get("PDL") else ""
     if fn.__name__ == "_gluon_cast_kernel":
         return f"heads cast rotate gluon w{c['num_warps']}" + pdl
@@ -286,7 +287,10 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=False), layout="vllm"),
                 # the accumulator's rescale in the other place (TileConfig.rescale_late)
                 dict(fp8=True, config=replace(g, rescale_late=False)),
-                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True))]
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True)),
+                # the row sums by the tensor cores (TileConfig.sum_mma, fp8 only)
+                dict(fp8=True, config=replace(g, sum_mma=True)),
+                dict(fp8=True, config=replace(g, sum_mma=True, rescale_late=False))]
     else:
         runs = []
         for fp8 in (True, False):

@@ -27,7 +27,7 @@ CASES = LENGTH_CASES
 
 
 @pytest.fixture(autouse=True, params=["portable", "gluon", "gluon-longest-first", "gluon-persistent",
-                                      "gluon-q-loads", "gluon-rescale-off"])
+                                      "gluon-q-loads", "gluon-rescale-off", "gluon-sum-mma"])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
     Gluon kernel, fp8 and 16-bit, for every batch (its length thresholds at 0, so short test
@@ -35,7 +35,8 @@ def phase1(request, monkeypatch, device):
     last to first, persistent for batches of several sequences (its default there), and
     with the q blocks loaded by the consumers (q_tma off; the producer's TMA by default), and
     with the accumulator rescaled before the next block's q k^T is issued (rescale_late off;
-    fp8's default rescales after that issue, 16-bit's before)."""
+    fp8's default rescales after that issue, 16-bit's before), and with fp8's row sums by the
+    tensor cores (sum_mma; 16-bit ignores it)."""
     from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
@@ -51,7 +52,8 @@ def phase1(request, monkeypatch, device):
             monkeypatch.setattr(tk, several, persistent)
         knob = {"gluon-longest-first": {"longest_first": True},
                 "gluon-q-loads": {"q_tma": False},
-                "gluon-rescale-off": {"rescale_late": False}}.get(request.param)
+                "gluon-rescale-off": {"rescale_late": False},
+                "gluon-sum-mma": {"sum_mma": True}}.get(request.param)
         if knob:
             for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
                 monkeypatch.setattr(tk, name, replace(getattr(tk, name), **knob))

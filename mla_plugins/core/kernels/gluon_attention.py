@@ -84,6 +84,7 @@ if gluon is not None:
     DV_G = gl.constexpr(128)
     HALF_G = gl.constexpr(64)
     LN2_G = gl.constexpr(0.6931471805599453)
+    NUM_WARPS_G = gl.constexpr(NUM_WARPS)
 
     @gluon.jit
     def _in_v_order(p, BLOCK_N: gl.constexpr):
@@ -251,7 +252,8 @@ if gluon is not None:
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal,
                       has_lse, qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                      FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
+                      FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr,
+                      ones_smem, SUM_MMA: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
         FP8: q, k, v block-scaled fp8 (the block scales applied per key block); else 16-bit.
         Q_TMA: the q block arrives in `q_n_smem`/`q_r_smem` by the producer's TMA (`q_ready`,
@@ -269,6 +271,11 @@ if gluon is not None:
         q k^T of block j + 1 is issued, just before the P @ V of block j that accumulates into
         it (FA3's order: the 64 multiplies a thread run under the tensor cores' q k^T), instead
         of after block j's softmax, between it and the next issue.
+
+        SUM_MMA (fp8): the row sums of P taken by the tensor cores, P @ ones_smem ([keys, 8],
+        a one in column 0) into an [64, 8] accumulator issued beside each P @ V, instead of
+        64 FADD a thread a block; so l sums the fp8 P that P @ V multiplies. Its factor is
+        alpha alone (the v scale change is acc's only).
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
@@ -281,6 +288,11 @@ if gluon is not None:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        l_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, K_INSTR])
+        pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
+                                                      k_width=K_INSTR // 8)
+        row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
 
@@ -331,6 +343,9 @@ if gluon is not None:
         c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
         # RESCALE_LATE: the factor acc takes before the next P @ V (acc is 0 until the first)
         fac = gl.full([HALF_G], 1.0, gl.float32, row_s)
+        # SUM_MMA: the row sums' accumulator and the factor it takes before the next product
+        acc_l = gl.zeros([HALF_G, 8], gl.float32, l_layout)
+        fac_l = gl.full([HALF_G], 1.0, gl.float32, row_s)
 
         if n_total > 0:
             st = it0 % NUM_STAGES
@@ -379,10 +394,21 @@ if gluon is not None:
             prev = (it - 1) % NUM_STAGES
             if RESCALE_LATE:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
-            o_tok = _pv(p_op, vt_bufs.index(prev), acc, KV_DTYPE, p_layout, BLOCK_N, FP8)
+            if SUM_MMA:
+                # issued before P @ V, so the wait for S below leaves only P @ V in flight
+                acc_l = acc_l * gl.convert_layout(fac_l, row_l)[:, None]
+                a8 = _p_operand(p_op, KV_DTYPE, p_layout, BLOCK_N)
+                l_tok = warpgroup_mma(gl.convert_layout(a8, pl_layout),
+                                      ones_smem.permute((1, 0)), acc_l, is_async=True)
+                o_tok = warpgroup_mma(a8, vt_bufs.index(prev).permute((1, 0)), acc, is_async=True)
+            else:
+                o_tok = _pv(p_op, vt_bufs.index(prev), acc, KV_DTYPE, p_layout, BLOCK_N, FP8)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            if SUM_MMA:
+                s, acc_l = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
+            else:
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start + j * BLOCK_N,
                                                 rows, kv_end, kv_offset, causal, j >= n_full,
                                                 P_SHIFT, col_s, BLOCK_N)
@@ -396,8 +422,10 @@ if gluon is not None:
                 f = alpha
             if RESCALE_LATE:
                 fac = f
+                fac_l = alpha
             else:
                 acc = acc * gl.convert_layout(f, row_o)[:, None]
+                acc_l = acc_l * gl.convert_layout(alpha, row_l)[:, None]
 
         if Q_TMA:
             # every q k^T of the unit has completed (each was waited for): the producer may
@@ -412,11 +440,21 @@ if gluon is not None:
                     _zero_tail(vt_bufs.index(last), tail, BLOCK_N)
             if RESCALE_LATE:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
-            o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc, KV_DTYPE,
-                        p_layout, BLOCK_N, FP8)
-            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            if SUM_MMA:
+                acc_l = acc_l * gl.convert_layout(fac_l, row_l)[:, None]
+                a8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
+                l_tok = warpgroup_mma(gl.convert_layout(a8, pl_layout),
+                                      ones_smem.permute((1, 0)), acc_l, is_async=True)
+                o_tok = warpgroup_mma(a8, vt_bufs.index(last).permute((1, 0)), acc, is_async=True)
+                acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+            else:
+                o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc,
+                            KV_DTYPE, p_layout, BLOCK_N, FP8)
+                acc = warpgroup_mma_wait(0, deps=(o_tok,))
             mbarrier.arrive(empty.index(last), count=1)
 
+        if SUM_MMA:
+            l_i = gl.convert_layout(gl.sum(acc_l, 1), row_s)  # column 0 holds it, the rest 0
         seen = l_i > 0
         inv = gl.where(seen, c_v / gl.where(seen, l_i, 1.0), 0.0)
         lse = gl.where(seen, (m_i - P_SHIFT + gl.log2(gl.where(seen, l_i, 1.0))) * LN2_G,
@@ -447,7 +485,8 @@ if gluon is not None:
                   KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
-                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr):
+                  Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr, ones_smem,
+                  SUM_MMA: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
         for k in range(_rounds(num_units, PERSISTENT)):
@@ -464,7 +503,7 @@ if gluon is not None:
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal, has_lse,
                               qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA,
-                              RESCALE_LATE)
+                              RESCALE_LATE, ones_smem, SUM_MMA)
                 if Q_TMA:
                     qph += 1
             it += n_total
@@ -535,7 +574,7 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
-        RESCALE_LATE: gl.constexpr,
+        RESCALE_LATE: gl.constexpr, SUM_MMA: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -567,6 +606,20 @@ if gluon is not None:
             vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, DV_G, BLOCK_N], VT.layout)
         else:  # v as it is, [keys, Dv]
             vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, DV_G], VT.layout)
+        if SUM_MMA:
+            # fp8 only: the [8, keys] B operand of the consumers' row sums (_consume_unit),
+            # ones in row 0 (column 0 of [keys, 8]), zeros elsewhere; written here before the
+            # partitions start, read only after
+            gl.static_assert(FP8)
+            ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS_G, 1], [1, 0])
+            ones = gl.allocate_shared_memory(KV_DTYPE, [8, BLOCK_N], VT.layout)
+            one_row = gl.arange(0, 8, layout=gl.SliceLayout(1, ol))[:, None] == 0
+            ones.store(gl.where(one_row, gl.full([8, BLOCK_N], 1.0, gl.float32, ol),
+                                gl.zeros([8, BLOCK_N], gl.float32, ol)).to(KV_DTYPE))
+            fence_async_shared()
+        else:  # unused
+            ones = gl.allocate_shared_memory(KV_DTYPE, [8, 32],
+                                             gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -586,13 +639,13 @@ if gluon is not None:
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE)),
+                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE)),
+                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA)),
             (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
                          q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
                          num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,

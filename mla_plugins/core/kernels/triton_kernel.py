@@ -75,7 +75,9 @@ class TileConfig:
     first (measured -3..+1%: off), q_tma the q blocks loaded by the producer's TMA (once the
     previous unit's last q k^T is done: the next unit's q overlaps this one's tail) instead of
     by the consumers' pointer loads; rescale_late the Gluon consumer's accumulator rescaled
-    after the next block's q k^T is issued (FA3's order) rather than before it.
+    after the next block's q k^T is issued (FA3's order) rather than before it; sum_mma (Gluon
+    fp8 only) the softmax's row sums by the tensor cores (P @ ones beside each P @ V) rather
+    than 64 FADD a thread a key block.
     """
 
     block_m: int = 128
@@ -90,6 +92,7 @@ class TileConfig:
     longest_first: bool = False
     q_tma: bool = False
     rescale_late: bool = False
+    sum_mma: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -400,7 +403,8 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
         KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late, num_warps=ga.NUM_WARPS,
+        FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late,
+        SUM_MMA=config.sum_mma and fp8, num_warps=ga.NUM_WARPS,
         maxnreg=ga.MAXNREG,
     )
 
