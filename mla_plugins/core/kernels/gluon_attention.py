@@ -111,6 +111,18 @@ if gluon is not None:
             return warpgroup_mma(p, v_buf, acc, is_async=True)
 
     @gluon.jit
+    def _pv_and_sums(p, v_buf, acc, acc_l, fac_l, ones_smem, KV_DTYPE: gl.constexpr,
+                     p_layout: gl.constexpr, pl_layout: gl.constexpr, row_l: gl.constexpr,
+                     BLOCK_N: gl.constexpr):
+        """fp8 with SUM_MMA: issue acc_l * fac_l + P @ ones (the row sums), then acc += P @ V,
+        both async from one cast of P (float32, the scores' layout); returns their tokens."""
+        a8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
+        l_tok = warpgroup_mma(gl.convert_layout(a8, pl_layout), ones_smem.permute((1, 0)),
+                              acc_l * gl.convert_layout(fac_l, row_l)[:, None], is_async=True)
+        o_tok = warpgroup_mma(a8, v_buf.permute((1, 0)), acc, is_async=True)
+        return l_tok, o_tok
+
+    @gluon.jit
     def _operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
         """The carried P as `_pv` takes it: fp8, float32 still (cast at the product, into the
         operand's registers); 16-bit, the A operand."""
@@ -396,11 +408,8 @@ if gluon is not None:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
             if SUM_MMA:
                 # issued before P @ V, so the wait for S below leaves only P @ V in flight
-                acc_l = acc_l * gl.convert_layout(fac_l, row_l)[:, None]
-                a8 = _p_operand(p_op, KV_DTYPE, p_layout, BLOCK_N)
-                l_tok = warpgroup_mma(gl.convert_layout(a8, pl_layout),
-                                      ones_smem.permute((1, 0)), acc_l, is_async=True)
-                o_tok = warpgroup_mma(a8, vt_bufs.index(prev).permute((1, 0)), acc, is_async=True)
+                l_tok, o_tok = _pv_and_sums(p_op, vt_bufs.index(prev), acc, acc_l, fac_l, ones_smem,
+                                            KV_DTYPE, p_layout, pl_layout, row_l, BLOCK_N)
             else:
                 o_tok = _pv(p_op, vt_bufs.index(prev), acc, KV_DTYPE, p_layout, BLOCK_N, FP8)
             if PINGPONG:
@@ -441,11 +450,8 @@ if gluon is not None:
             if RESCALE_LATE:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
             if SUM_MMA:
-                acc_l = acc_l * gl.convert_layout(fac_l, row_l)[:, None]
-                a8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
-                l_tok = warpgroup_mma(gl.convert_layout(a8, pl_layout),
-                                      ones_smem.permute((1, 0)), acc_l, is_async=True)
-                o_tok = warpgroup_mma(a8, vt_bufs.index(last).permute((1, 0)), acc, is_async=True)
+                l_tok, o_tok = _pv_and_sums(p, vt_bufs.index(last), acc, acc_l, fac_l, ones_smem,
+                                            KV_DTYPE, p_layout, pl_layout, row_l, BLOCK_N)
                 acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
             else:
                 o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc,
