@@ -509,10 +509,10 @@ PY
         # beside its default, the attention alone and end to end, at the four large shapes,
         # chunked H16 and B1-S1024-H16; then the Gluon cast at 128 registers
         # (gluon_rotate.MAXNREG: its GPU tests, the passes apart and the rotation's cost
-        # through FA3 at the three small shapes). Both lost and were removed (NOTES), so the
-        # variants below now name nothing but the default
+        # through FA3 at the three small shapes). Both lost and were removed (NOTES); what is
+        # left of the call runs the defaults alone (the removed variants' names would fail)
         timeout 300 python3 benchmarks/prefill.py --variants \
-            --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late poly2,gluon 128x128 s4 q_tma late poly4,gluon 128x128 s4 q_tma late poly8" \
+            --variant-filter "gluon 128x128 s4 q_tma late" \
             --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16,chunked-q512-k8192-H16,B1-S1024-H16 \
             --out "$out/variants-stop36.json" > "$out/variants-stop36.log" 2>&1 || status=1
         summarize_variants "$out/variants-stop36.log"
@@ -520,11 +520,11 @@ PY
             -k knobs > "$out/gpu-tests-gluon-stop36.log" 2>&1 || status=1
         tail -2 "$out/gpu-tests-gluon-stop36.log"
         timeout 60 python3 benchmarks/head_passes.py --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
-            --variants plain,gluon,gluon_r128 --out "$out/head-passes-stop36.json" \
+            --variants plain,gluon --out "$out/head-passes-stop36.json" \
             > "$out/head-passes-stop36.log" 2>&1 || status=1
         head_passes_summary "$out/head-passes-stop36.json" pass1_us,pass2_us
         timeout 110 python3 benchmarks/rotation_cost.py --kernels flash_attn --rotations gluon \
-            --gluon-variants r128 --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
+            --shapes B1-S1024-H16,B1-S2048-H8,B16-S512-H16 \
             --out "$out/rotation-stop36.json" > "$out/rotation-cost-stop36.log" 2>&1 || status=1
         rotation_summary "$out/rotation-stop36.json"
         ;;

@@ -460,7 +460,9 @@ if gluon is not None:
             mbarrier.arrive(empty.index(last), count=1)
 
         if SUM_MMA:
-            l_i = gl.convert_layout(gl.sum(acc_l, 1), row_s)  # column 0 holds it, the rest 0
+            # column 0 holds it, the rest 0 (`_softmax_block`'s FADD sums are then dead: the
+            # compiler drops them, the point of SUM_MMA)
+            l_i = gl.convert_layout(gl.sum(acc_l, 1), row_s)
         seen = l_i > 0
         inv = gl.where(seen, c_v / gl.where(seen, l_i, 1.0), 0.0)
         lse = gl.where(seen, (m_i - P_SHIFT + gl.log2(gl.where(seen, l_i, 1.0))) * LN2_G,
@@ -623,9 +625,8 @@ if gluon is not None:
             ones.store(gl.where(one_row, gl.full([8, BLOCK_N], 1.0, gl.float32, ol),
                                 gl.zeros([8, BLOCK_N], gl.float32, ol)).to(KV_DTYPE))
             fence_async_shared()
-        else:  # unused
-            ones = gl.allocate_shared_memory(KV_DTYPE, [8, 32],
-                                             gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        else:  # passed along, never read
+            ones = vt_bufs
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
