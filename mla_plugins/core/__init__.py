@@ -1,7 +1,14 @@
 """Framework-free core: plan, kernels, reduce, AITER binding, kernel registry."""
 
 from .aiter import AiterStatus, aiter_get_ps_metadata_v1, aiter_mla_reduce_v1, probe_aiter
-from .api import available_kernels, mla_prefill, mla_reduce, plan_prefill, unsupported_reasons
+from .api import (
+    available_kernels,
+    lse_heads_first,
+    mla_prefill,
+    mla_reduce,
+    plan_prefill,
+    unsupported_reasons,
+)
 from .imports import after_import
 from .kernels import hookimpl
 from .kernels.base import Kernel, KernelInfo, PrefillInputs, ReduceInputs
@@ -28,6 +35,7 @@ __all__ = [
     "fp8_requested",
     "get_registry",
     "hookimpl",
+    "lse_heads_first",
     "mla_prefill",
     "mla_reduce",
     "pinned_kernel",

@@ -1,5 +1,5 @@
 """The public entry points: `plan_prefill`, `mla_prefill`, `mla_reduce`, `available_kernels`,
-`unsupported_reasons`.
+`unsupported_reasons`, `lse_heads_first`.
 
 The core reads in one direction: `plan` (the plan and the planner) <- `kernels` (each kernel
 plans and runs) <- `registry` (finds the kernels, chooses one) <- `api` (this module: checks
@@ -548,6 +548,18 @@ def available_kernels(device: torch.device | str | None = None) -> list[KernelIn
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return get_registry().infos(check_device("device", device))
+
+
+def lse_heads_first(plan: PrefillPlan) -> bool:
+    """Whether `mla_prefill(..., plan=plan, return_lse=True)` without `lse=` hands back an lse
+    [total_q, H] whose memory is heads-first (`lse.t()`, [H, total_q], contiguous: the
+    flash_attn provider returns FA3's own tensor). A caller that needs [H, total_q] (vLLM)
+    then takes `lse.t()` and copies nothing; where this is False it passes
+    `lse=torch.empty(H, total_q).t()` and the kernel writes that buffer in place, again with
+    no copy. For the kernel that runs the plan (the plan's own: `plan.kernel`)."""
+    if not isinstance(plan, PrefillPlan):
+        raise TypeError(f"plan: found {type(plan).__name__}, expected a PrefillPlan from plan_prefill")
+    return get_registry().get(plan.kernel, source="plan.kernel").lse_heads_first
 
 
 def unsupported_reasons(

@@ -420,15 +420,22 @@ class MLAPluginsPrefillBackend(MLAPrefillBackend):
                 both = torch.cat((cu_q, cu_k)).tolist()
             n = cu_q.numel()
             plan = self._plan(both[:n], both[n:], causal=causal, device=q.device)
+        # vLLM's lse is [H, total_q]: FA3's own comes back in that memory (its transpose is
+        # contiguous); every other kernel writes a buffer of that layout in place (`lse=`)
+        buf = None
+        if return_lse and not mla_plugins.lse_heads_first(plan):
+            buf = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
         with mla_plugins.trace_context("vllm", entry):
             result = mla_plugins.mla_prefill(
                 q, k, v, plan=plan, softmax_scale=self.scale, causal=causal, fp8=self.fp8,
                 out=out, return_lse=return_lse, workspace=self._workspace(plan),
+                lse=None if buf is None else buf.t(),
             )
         if not return_lse:
             return result
         o, lse = result
-        return o, lse.transpose(0, 1).contiguous()  # [total_q, H] -> vLLM's [H, total_q]
+        # [total_q, H] -> [H, total_q]: a no-op on either route above
+        return o, buf if buf is not None else lse.t().contiguous()
 
     def run_prefill_new_tokens(
         self,

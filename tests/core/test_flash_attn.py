@@ -468,6 +468,7 @@ def test_lse_is_fa3s_own_tensor_seen_transposed(builds, on_cpu, monkeypatch, fp8
     check(out, lse, ref_out, ref_lse, 5e-3 if fp8 else 1e-2, f"view lse, fp8={fp8}")
     # the copying path (a caller's buffer), on the same plan
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=3, device="cpu", fp8=fp8, kernel="flash_attn")
+    assert mla_plugins.lse_heads_first(plan), "the public flag must say FA3's lse is heads-first"
     inputs = mla_plugins.core.api._prefill_inputs(q, k, v, None, None, None, True, fp8, plan, False)
     out2 = torch.full_like(out, float("nan"))
     lse2 = torch.full((q.shape[0], 3), float("nan"))

@@ -173,6 +173,15 @@ def test_lse_into_the_callers_buffer(planned, monkeypatch, layout):
     assert len(full) == 1, "a new lse layout takes the full path once"
 
 
+def test_lse_heads_first_names_the_plans_kernels_layout(planned):
+    """The torch kernel writes [total_q, H] (a caller wanting [H, total_q] passes `lse=`); a
+    non-plan argument is refused by name."""
+    plan = planned[-1]
+    assert plan.kernel == "torch" and mla_plugins.lse_heads_first(plan) is False
+    with pytest.raises(TypeError, match="plan: found dict, expected a PrefillPlan"):
+        mla_plugins.lse_heads_first({})
+
+
 def test_a_kernel_named_per_call_is_selected_every_call(planned, monkeypatch):
     """Only kernel="auto" (the plan's kernel) is remembered: a named kernel keeps the
     registry's selection, and so its refusal."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mla_plugins
+
 from .conftest import reference_attention, rel_l2
 
 H, DQK, DV = 4, 192, 128
@@ -97,8 +99,20 @@ def test_new_tokens_match_vllm_cpu_backend(vllm_config, monkeypatch, fp8):
     assert got.data_ptr() == out.data_ptr() and not out.isnan().any(), "every element of out written"
     assert rel_l2(out, vllm_o) <= TOL[fp8] and rel_l2(out, ref_o) <= TOL[fp8]
 
+    passed = []
+    prefill = mla_plugins.mla_prefill
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs.get("lse"))
+        return prefill(*args, **kwargs)
+
+    monkeypatch.setattr(mla_plugins, "mla_prefill", spy)
     o, lse = ours.run_prefill_new_tokens(q, k, v, return_softmax_lse=True)
     assert lse.shape == vllm_lse.shape == (H, sum(lens)) and lse.dtype == torch.float32
+    # the CPU's kernel hands back [total_q, H]: the adapter has it write vLLM's [H, total_q]
+    # buffer in place (a copy afterwards would give another tensor)
+    assert passed[-1] is not None and passed[-1].data_ptr() == lse.data_ptr()
+    assert lse.is_contiguous() and passed[-1].stride() == (1, sum(lens))
     assert rel_l2(o, vllm_o) <= TOL[fp8]
     assert (lse - ref_lse.T).abs().max() <= LSE_TOL[fp8]
     assert (lse - vllm_lse).abs().max() <= LSE_TOL[fp8]

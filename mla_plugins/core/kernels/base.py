@@ -191,6 +191,11 @@ class Kernel:
     head_dims_qk: ClassVar[frozenset[int] | None] = None
     head_dims_v: ClassVar[frozenset[int] | None] = None
     num_heads: ClassVar[frozenset[int] | None] = None
+    #: the lse `run_with_lse` hands back without a copy is heads-first in memory (its
+    #: transpose, [H, total_q], is contiguous: FA3's own tensor); False: [total_q, H], and a
+    #: caller wanting [H, total_q] passes `lse=` as that buffer's transpose to get it written
+    #: in place (`api.lse_heads_first`)
+    lse_heads_first: ClassVar[bool] = False
 
     # -- capability checks -------------------------------------------------------------
     def environment_reasons(self) -> list[str]:

@@ -470,6 +470,8 @@ class FlashAttnKernel(Kernel):
     priority = 5
     devices = frozenset({"cuda"})
     dtypes = frozenset({torch.bfloat16, torch.float16})
+    #: `run_with_lse` hands back FA3's own [H, total_q] tensor, seen transposed
+    lse_heads_first = True
 
     # -- capabilities ---------------------------------------------------------------------
     def environment_reasons(self) -> list[str]:
