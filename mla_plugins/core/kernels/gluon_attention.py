@@ -77,6 +77,8 @@ TOTAL_WARPS = 12
 MAXNREG = 168
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
+#: SUM_MMA: columns of the row sums' B operand and accumulator (wgmma's smallest N is 8)
+SUM_COLS = 8
 
 if gluon is not None:
     NOPE_G = gl.constexpr(128)
@@ -85,6 +87,7 @@ if gluon is not None:
     HALF_G = gl.constexpr(64)
     LN2_G = gl.constexpr(0.6931471805599453)
     NUM_WARPS_G = gl.constexpr(NUM_WARPS)
+    SUM_COLS_G = gl.constexpr(SUM_COLS)
 
     @gluon.jit
     def _in_v_order(p, BLOCK_N: gl.constexpr):
@@ -301,7 +304,7 @@ if gluon is not None:
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, K_INSTR])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SUM_COLS_G, K_INSTR])
         pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout,
                                                       k_width=K_INSTR // 8)
         row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
@@ -356,7 +359,7 @@ if gluon is not None:
         # RESCALE_LATE: the factor acc takes before the next P @ V (acc is 0 until the first)
         fac = gl.full([HALF_G], 1.0, gl.float32, row_s)
         # SUM_MMA: the row sums' accumulator and the factor it takes before the next product
-        acc_l = gl.zeros([HALF_G, 8], gl.float32, l_layout)
+        acc_l = gl.zeros([HALF_G, SUM_COLS_G], gl.float32, l_layout)
         fac_l = gl.full([HALF_G], 1.0, gl.float32, row_s)
 
         if n_total > 0:
@@ -620,10 +623,10 @@ if gluon is not None:
             # partitions start, read only after
             gl.static_assert(FP8)
             ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS_G, 1], [1, 0])
-            ones = gl.allocate_shared_memory(KV_DTYPE, [8, BLOCK_N], VT.layout)
-            one_row = gl.arange(0, 8, layout=gl.SliceLayout(1, ol))[:, None] == 0
-            ones.store(gl.where(one_row, gl.full([8, BLOCK_N], 1.0, gl.float32, ol),
-                                gl.zeros([8, BLOCK_N], gl.float32, ol)).to(KV_DTYPE))
+            ones = gl.allocate_shared_memory(KV_DTYPE, [SUM_COLS_G, BLOCK_N], VT.layout)
+            one_row = gl.arange(0, SUM_COLS_G, layout=gl.SliceLayout(1, ol))[:, None] == 0
+            ones.store(gl.where(one_row, gl.full([SUM_COLS_G, BLOCK_N], 1.0, gl.float32, ol),
+                                gl.zeros([SUM_COLS_G, BLOCK_N], gl.float32, ol)).to(KV_DTYPE))
             fence_async_shared()
         else:  # passed along, never read
             ones = vt_bufs

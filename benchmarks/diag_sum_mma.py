@@ -1,0 +1,107 @@
+"""Diagnostic of `TileConfig.sum_mma` (stop 37, benchmarks/NOTES.md): fp8 P @ ones by wgmma
+in a kernel of its own (N = 8 and 16, three swizzles) against torch, then the Gluon kernel's
+lse with sum_mma against without it, per row. Hopper only, from the repository root:
+
+    PYTHONPATH=. python benchmarks/diag_sum_mma.py
+    TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py 16   # SUM_COLS 16
+"""
+import sys
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+sys.path.insert(0, ".")
+
+
+@gluon.jit
+def pones(P, Out, N: gl.constexpr, SWZ: gl.constexpr, ROW: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 128, 32])
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, N, 32])
+    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWZ, element_bitwidth=8, rank=2)
+    ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)
+    one_row = gl.arange(0, N, layout=gl.SliceLayout(1, ol))[:, None] == ROW
+    ones.store(gl.where(one_row, gl.full([N, 128], 1.0, gl.float32, ol),
+                        gl.zeros([N, 128], gl.float32, ol)).to(gl.float8e4nv))
+    fence_async_shared()
+    gl.thread_barrier()
+    r = gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+    c = gl.arange(0, 128, layout=gl.SliceLayout(0, s_layout))
+    p = gl.load(P + r[:, None] * 128 + c[None, :])
+    a8 = gl.convert_layout(p.to(gl.float8e4nv), pl_layout)
+    acc = gl.zeros([64, N], gl.float32, l_layout)
+    tok = warpgroup_mma(a8, ones.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(tok,))
+    ro = gl.arange(0, 64, layout=gl.SliceLayout(1, l_layout))
+    co = gl.arange(0, N, layout=gl.SliceLayout(0, l_layout))
+    gl.store(Out + ro[:, None] * N + co[None, :], acc)
+
+
+def micro():
+    torch.manual_seed(0)
+    p = (torch.rand(64, 128, device="cuda") * 200).to(torch.float8_e4m3fn).float()
+    want = p.sum(1)
+    for n, swz, row in ((8, 128, 0), (16, 128, 0), (8, 64, 0), (8, 32, 0), (8, 128, 3)):
+        out = torch.full((64, n), float("nan"), device="cuda")
+        try:
+            pones[(1,)](p, out, n, swz, row, num_warps=4)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            print(f"micro N={n} swz={swz} row={row}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        col = out[:, row]
+        print(f"micro N={n} swz={swz} row={row}: col err {(col / want - 1).abs().max().item():.3e}, "
+              f"other cols max {out[:, [i for i in range(n) if i != row]].abs().max().item():.3e}, "
+              f"ratio rows 0-3 {(out.sum(1) / want)[:4].tolist()}")
+
+
+def kernel_rows():
+    from dataclasses import replace
+
+    import mla_plugins
+    from mla_plugins.core.kernels import triton_kernel as tk
+    for name in ("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS"):
+        setattr(tk, name, 0)
+    base = tk.GLUON_FP8_CONFIG
+    for s in (128, 256, 1024):
+        torch.manual_seed(1)
+        q = torch.randn(s, 2, 192, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(s, 2, 192, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(s, 2, 128, device="cuda", dtype=torch.bfloat16)
+        cu = [0, s]
+        res = {}
+        for label, cfg in (("base", base), ("sum", replace(base, sum_mma=True)),
+                           ("sum_early", replace(base, sum_mma=True, rescale_late=False))):
+            tk.GLUON_FP8_CONFIG = cfg
+            o, lse = mla_plugins.mla_prefill(q, k, v, cu, cu, causal=True, fp8=True, return_lse=True,
+                                             kernel="triton")
+            res[label] = (o.float(), lse)
+        tk.GLUON_FP8_CONFIG = base
+        o0, l0 = res["base"]
+        for label in ("sum", "sum_early"):
+            o1, l1 = res[label]
+            ratio = torch.exp(l1 - l0)  # l_sum / l_base per row and head
+            err = ((o1 - o0).norm() / o0.norm()).item()
+            print(f"S={s} {label}: out err vs base {err:.3e}; l ratio min {ratio.min().item():.4f} "
+                  f"median {ratio.median().item():.4f} max {ratio.max().item():.4f}; "
+                  f"rows 0,1,63,64,127 head 0: {[round(x, 3) for x in ratio[[0, 1, 63, 64, 127], 0].tolist()]}; "
+                  f"out/base rows 0,64: {(o1.norm(dim=-1) / o0.norm(dim=-1))[[0, 64], 0].tolist()}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["16"]:
+        from mla_plugins.core.kernels import gluon_attention as ga
+        ga.SUM_COLS_G = gl.constexpr(16)
+        print("kernel with SUM_COLS 16")
+    else:
+        micro()
+    kernel_rows()
