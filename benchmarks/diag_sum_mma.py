@@ -1,6 +1,7 @@
 """Diagnostic of `TileConfig.sum_mma` (stop 37, benchmarks/NOTES.md): fp8 P @ ones by wgmma
-in a kernel of its own (N = 8 and 16, three swizzles) against torch, then the Gluon kernel's
-lse with sum_mma against without it, per row. Hopper only, from the repository root:
+in a kernel of its own (N = 8 and 16, three swizzles) against torch, the kernel's own
+`_pv_and_sums` on known P and v against torch, then the Gluon kernel's lse with sum_mma
+against without it, per row. Hopper only, from the repository root:
 
     PYTHONPATH=. python benchmarks/diag_sum_mma.py
     TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py 16   # SUM_COLS 16
@@ -17,6 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 sys.path.insert(0, ".")
+from mla_plugins.core.kernels import gluon_attention as ga  # noqa: E402
 
 
 @gluon.jit
@@ -44,6 +46,69 @@ def pones(P, Out, N: gl.constexpr, SWZ: gl.constexpr, ROW: gl.constexpr):
     ro = gl.arange(0, 64, layout=gl.SliceLayout(1, l_layout))
     co = gl.arange(0, N, layout=gl.SliceLayout(0, l_layout))
     gl.store(Out + ro[:, None] * N + co[None, :], acc)
+
+
+@gluon.jit
+def pair(P, VT, OutL, OutO, N: gl.constexpr):
+    """The kernel's own `_pv_and_sums` (P @ ones and P @ V from one cast of P, both async)
+    on P [64, 128] float32 and vt [128, 128] fp8 (Dv x keys), one warpgroup."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 128, 32])
+    o_layout: gl.constexpr = s_layout
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, N, 32])
+    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)
+    one_row = gl.arange(0, N, layout=gl.SliceLayout(1, ol))[:, None] == 0
+    ones.store(gl.where(one_row, gl.full([N, 128], 1.0, gl.float32, ol),
+                        gl.zeros([N, 128], gl.float32, ol)).to(gl.float8e4nv))
+    vt = gl.allocate_shared_memory(gl.float8e4nv, [128, 128], sh)
+    vr = gl.arange(0, 128, layout=gl.SliceLayout(1, ol))
+    vc = gl.arange(0, 128, layout=gl.SliceLayout(0, ol))
+    vt.store(gl.load(VT + vr[:, None] * 128 + vc[None, :]))
+    fence_async_shared()
+    gl.thread_barrier()
+    r = gl.arange(0, 64, layout=row_s)
+    c = gl.arange(0, 128, layout=gl.SliceLayout(0, s_layout))
+    p = gl.load(P + r[:, None] * 128 + c[None, :])
+    acc = gl.zeros([64, 128], gl.float32, o_layout)
+    acc_l = gl.zeros([64, N], gl.float32, l_layout)
+    fac_l = gl.full([64], 1.0, gl.float32, row_s)
+    l_tok, o_tok = ga._pv_and_sums(p, vt, acc, acc_l, fac_l, ones, gl.float8e4nv, p_layout,
+                                   pl_layout, row_l, 128)
+    acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+    ro = gl.arange(0, 64, layout=gl.SliceLayout(1, l_layout))
+    co = gl.arange(0, N, layout=gl.SliceLayout(0, l_layout))
+    gl.store(OutL + ro[:, None] * N + co[None, :], acc_l)
+    co2 = gl.arange(0, 128, layout=gl.SliceLayout(0, o_layout))
+    gl.store(OutO + r[:, None] * 128 + co2[None, :], acc)
+
+
+def pair_check():
+    """`pair` against torch: l = the row sums of e4m3 P, o = P (in vt's key order) @ vt^T."""
+    torch.manual_seed(2)
+    p = (torch.rand(64, 128, device="cuda") * 200)
+    p8 = p.to(torch.float8_e4m3fn).float()
+    vt8 = torch.randn(128, 128, device="cuda").to(torch.float8_e4m3fn)
+    perm = p8.reshape(64, 8, 2, 2, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(64, 128)
+    want_o = perm @ vt8.float().t()
+    for n in (8, 16):
+        out_l = torch.full((64, n), float("nan"), device="cuda")
+        out_o = torch.full((64, 128), float("nan"), device="cuda")
+        try:
+            pair[(1,)](p, vt8, out_l, out_o, n, num_warps=4)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            print(f"pair N={n}: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        print(f"pair N={n}: l col 0 rel err {(out_l[:, 0] / p8.sum(1) - 1).abs().max().item():.3e}, "
+              f"other cols max {out_l[:, 1:].abs().max().item():.3e}; "
+              f"o rel err {((out_o - want_o).norm() / want_o.norm()).item():.3e}")
 
 
 def micro():
@@ -104,4 +169,5 @@ if __name__ == "__main__":
         print("kernel with SUM_COLS 16")
     else:
         micro()
+        pair_check()
     kernel_rows()
