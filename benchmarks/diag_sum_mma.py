@@ -89,6 +89,18 @@ def pair(P, VT, OutL, OutO, N: gl.constexpr):
     gl.store(OutO + r[:, None] * 128 + co2[None, :], acc)
 
 
+def _launched(label, kernel, *args) -> bool:
+    """One program of `kernel` (4 warps) run to completion; a compile or launch error is
+    printed, not raised."""
+    try:
+        kernel[(1,)](*args, num_warps=4)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        print(f"{label}: {type(e).__name__}: {str(e)[:300]}")
+        return False
+    return True
+
+
 def pair_check():
     """`pair` against torch: l = the row sums of e4m3 P, o = P (in vt's key order) @ vt^T."""
     torch.manual_seed(2)
@@ -100,11 +112,7 @@ def pair_check():
     for n in (8, 16):
         out_l = torch.full((64, n), float("nan"), device="cuda")
         out_o = torch.full((64, 128), float("nan"), device="cuda")
-        try:
-            pair[(1,)](p, vt8, out_l, out_o, n, num_warps=4)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001
-            print(f"pair N={n}: {type(e).__name__}: {str(e)[:300]}")
+        if not _launched(f"pair N={n}", pair, p, vt8, out_l, out_o, n):
             continue
         print(f"pair N={n}: l col 0 rel err {(out_l[:, 0] / p8.sum(1) - 1).abs().max().item():.3e}, "
               f"other cols max {out_l[:, 1:].abs().max().item():.3e}; "
@@ -117,11 +125,7 @@ def micro():
     want = p.sum(1)
     for n, swz, row in ((8, 128, 0), (16, 128, 0), (8, 64, 0), (8, 32, 0), (8, 128, 3)):
         out = torch.full((64, n), float("nan"), device="cuda")
-        try:
-            pones[(1,)](p, out, n, swz, row, num_warps=4)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001
-            print(f"micro N={n} swz={swz} row={row}: {type(e).__name__}: {str(e)[:200]}")
+        if not _launched(f"micro N={n} swz={swz} row={row}", pones, p, out, n, swz, row):
             continue
         col = out[:, row]
         print(f"micro N={n} swz={swz} row={row}: col err {(col / want - 1).abs().max().item():.3e}, "
