@@ -44,10 +44,16 @@ def phase1(request, monkeypatch, device):
     with the accumulator rescaled before the next block's q k^T is issued (rescale_late off;
     fp8's default rescales after that issue, 16-bit's before), and with fp8's row sums by the
     tensor cores (sum_mma; 16-bit ignores it)."""
+    from collections import OrderedDict
     from dataclasses import replace
 
+    from mla_plugins.core import api
     from mla_plugins.core.kernels import triton_kernel as tk
 
+    # a plan remembers the phase-1 configuration it first ran with (triton_kernel._plan_config):
+    # each test starts from no remembered plan, so one made under another param's settings
+    # (the same lengths in an earlier test) cannot run in place of this param's kernel
+    monkeypatch.setattr(api, "_cache", OrderedDict())
     if request.param.startswith("gluon"):
         reasons = tk.gluon_reasons(torch.device(device))
         if reasons:
