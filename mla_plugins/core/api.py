@@ -273,14 +273,19 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
     )
 
 
+def _plans_kernel(plan: PrefillPlan):
+    """The kernel that built `plan` (`plan.kernel`), found once and remembered by the plan."""
+    chosen = plan.memo.get("kernel")
+    if chosen is None:
+        chosen = plan.memo["kernel"] = get_registry().get(plan.kernel, source="plan.kernel")
+    return chosen
+
+
 def _kernel_for_plan(plan: PrefillPlan, inputs: PrefillInputs, kernel: str):
     """The plan's own kernel for kernel="auto" (no new selection per call); a named kernel
     (or an input dtype the plan was not made for) is selected as without a plan."""
     if kernel == "auto" and inputs.dtype == plan.dtype:
-        chosen = plan.memo.get("kernel")
-        if chosen is None:
-            chosen = plan.memo["kernel"] = get_registry().get(plan.kernel)
-        return chosen
+        return _plans_kernel(plan)
     chosen = get_registry().select(inputs, kernel)
     if chosen.name != plan.kernel and plan.extra:
         raise ValueError(
@@ -559,7 +564,7 @@ def lse_heads_first(plan: PrefillPlan) -> bool:
     no copy. For the kernel that runs the plan (the plan's own: `plan.kernel`)."""
     if not isinstance(plan, PrefillPlan):
         raise TypeError(f"plan: found {type(plan).__name__}, expected a PrefillPlan from plan_prefill")
-    return get_registry().get(plan.kernel, source="plan.kernel").lse_heads_first
+    return _plans_kernel(plan).lse_heads_first
 
 
 def unsupported_reasons(
