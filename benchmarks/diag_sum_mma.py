@@ -1,6 +1,6 @@
 """Diagnostic of `TileConfig.sum_mma` (stop 37, benchmarks/NOTES.md): fp8 P @ ones by wgmma
 in a kernel of its own (N = 8 and 16, three swizzles) against torch, the kernel's own
-`_pv_and_sums` on known P and v against torch, then the Gluon kernel's lse with sum_mma
+`_fill_ones` and `_pv_and_sums` on known P and v against torch (at SUM_COLS), then the Gluon kernel's lse with sum_mma
 against without it, per row. Hopper only, from the repository root:
 
     PYTHONPATH=. python benchmarks/diag_sum_mma.py
@@ -64,9 +64,7 @@ def pair(P, VT, OutL, OutO, N: gl.constexpr):
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)
-    one_row = gl.arange(0, N, layout=gl.SliceLayout(1, ol))[:, None] == 0
-    ones.store(gl.where(one_row, gl.full([N, 128], 1.0, gl.float32, ol),
-                        gl.zeros([N, 128], gl.float32, ol)).to(gl.float8e4nv))
+    ga._fill_ones(ones, gl.float8e4nv, 128)  # the kernel's own (SUM_COLS_G must equal N)
     vt = gl.allocate_shared_memory(gl.float8e4nv, [128, 128], sh)
     vr = gl.arange(0, 128, layout=gl.SliceLayout(1, ol))
     vc = gl.arange(0, 128, layout=gl.SliceLayout(0, ol))
@@ -109,15 +107,13 @@ def pair_check():
     vt8 = torch.randn(128, 128, device="cuda").to(torch.float8_e4m3fn)
     perm = p8.reshape(64, 8, 2, 2, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(64, 128)
     want_o = perm @ vt8.float().t()
-    for n in (8, 16):
-        out_l = torch.full((64, n), float("nan"), device="cuda")
-        out_o = torch.full((64, 128), float("nan"), device="cuda")
-        if not _launched(f"pair N={n}", pair, p, vt8, out_l, out_o, n):
-            continue
+    n = int(ga.SUM_COLS_G.value)  # the width `_fill_ones` writes
+    out_l = torch.full((64, n), float("nan"), device="cuda")
+    out_o = torch.full((64, 128), float("nan"), device="cuda")
+    if _launched(f"pair N={n}", pair, p, vt8, out_l, out_o, n):
         print(f"pair N={n}: l col 0 rel err {(out_l[:, 0] / p8.sum(1) - 1).abs().max().item():.3e}, "
               f"other cols max {out_l[:, 1:].abs().max().item():.3e}; "
               f"o rel err {((out_o - want_o).norm() / want_o.norm()).item():.3e}")
-
 
 def micro():
     torch.manual_seed(0)
@@ -175,5 +171,5 @@ if __name__ == "__main__":
         print("kernel with SUM_COLS 16")
     else:
         micro()
-        pair_check()
+    pair_check()
     kernel_rows()

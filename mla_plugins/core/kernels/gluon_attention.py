@@ -126,6 +126,17 @@ if gluon is not None:
         return l_tok, o_tok
 
     @gluon.jit
+    def _fill_ones(ones, KV_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr):
+        """SUM_MMA's B operand [SUM_COLS, keys] in shared memory: ones in row 0 (column 0 of
+        the [keys, SUM_COLS] operand), zeros elsewhere, fenced for the tensor cores; written
+        by NUM_WARPS warps."""
+        ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS_G, 1], [1, 0])
+        one_row = gl.arange(0, SUM_COLS_G, layout=gl.SliceLayout(1, ol))[:, None] == 0
+        ones.store(gl.where(one_row, gl.full([SUM_COLS_G, BLOCK_N], 1.0, gl.float32, ol),
+                            gl.zeros([SUM_COLS_G, BLOCK_N], gl.float32, ol)).to(KV_DTYPE))
+        fence_async_shared()
+
+    @gluon.jit
     def _operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
         """The carried P as `_pv` takes it: fp8, float32 still (cast at the product, into the
         operand's registers); 16-bit, the A operand."""
@@ -622,12 +633,8 @@ if gluon is not None:
             # ones in row 0 (column 0 of [keys, 8]), zeros elsewhere; written here before the
             # partitions start, read only after
             gl.static_assert(FP8)
-            ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS_G, 1], [1, 0])
             ones = gl.allocate_shared_memory(KV_DTYPE, [SUM_COLS_G, BLOCK_N], VT.layout)
-            one_row = gl.arange(0, SUM_COLS_G, layout=gl.SliceLayout(1, ol))[:, None] == 0
-            ones.store(gl.where(one_row, gl.full([SUM_COLS_G, BLOCK_N], 1.0, gl.float32, ol),
-                                gl.zeros([SUM_COLS_G, BLOCK_N], gl.float32, ol)).to(KV_DTYPE))
-            fence_async_shared()
+            _fill_ones(ones, KV_DTYPE, BLOCK_N)
         else:  # passed along, never read
             ones = vt_bufs
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
