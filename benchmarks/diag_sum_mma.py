@@ -4,7 +4,12 @@ in a kernel of its own (N = 8 and 16, three swizzles) against torch, the kernel'
 against without it, per row. Hopper only, from the repository root:
 
     PYTHONPATH=. python benchmarks/diag_sum_mma.py
-    TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py 16   # SUM_COLS 16
+    TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py cols=16
+    TRITON_CACHE_DIR=/tmp/tcs32 PYTHONPATH=. python benchmarks/diag_sum_mma.py swizzle=32
+
+`cols=` sets gluon_attention.SUM_COLS, `swizzle=` SUM_SWIZZLE (the ones buffer's); each run
+with either in a Triton cache of its own (the cache keys a kernel by its source, not by the
+globals it read).
 """
 import sys
 
@@ -164,11 +169,24 @@ def kernel_rows():
                   f"out/base rows 0,64: {(o1.norm(dim=-1) / o0.norm(dim=-1))[[0, 64], 0].tolist()}")
 
 
+def _settings(argv):
+    """`cols=N` and `swizzle=B` (gluon_attention.SUM_COLS / SUM_SWIZZLE) from the command
+    line; set before any kernel compiles (Triton reads a kernel's globals at its compile)."""
+    opts = dict(a.split("=", 1) for a in argv)
+    unknown = set(opts) - {"cols", "swizzle"}
+    if unknown:
+        raise SystemExit(f"diag_sum_mma.py: unknown argument(s) {sorted(unknown)}; expected cols=N, swizzle=B")
+    if "cols" in opts:
+        ga.SUM_COLS_G = gl.constexpr(int(opts["cols"]))
+    if "swizzle" in opts:
+        ga.SUM_SWIZZLE_G = gl.constexpr(int(opts["swizzle"]))
+    return opts
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["16"]:
-        from mla_plugins.core.kernels import gluon_attention as ga
-        ga.SUM_COLS_G = gl.constexpr(16)
-        print("kernel with SUM_COLS 16")
+    opts = _settings(sys.argv[1:])
+    if opts:
+        print(f"kernel with {opts}")
     else:
         micro()
     pair_check()

@@ -79,6 +79,9 @@ CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 #: SUM_MMA: columns of the row sums' B operand and accumulator (wgmma's smallest N is 8)
 SUM_COLS = 8
+#: SUM_MMA: the ones buffer's swizzle in bytes (128, 64 or 32); 0 gives it the v stage's layout
+#: (VT.layout, 128). A diagnostic's knob (benchmarks/diag_sum_mma.py), as SUM_COLS
+SUM_SWIZZLE = 0
 
 if gluon is not None:
     NOPE_G = gl.constexpr(128)
@@ -88,6 +91,7 @@ if gluon is not None:
     LN2_G = gl.constexpr(0.6931471805599453)
     NUM_WARPS_G = gl.constexpr(NUM_WARPS)
     SUM_COLS_G = gl.constexpr(SUM_COLS)
+    SUM_SWIZZLE_G = gl.constexpr(SUM_SWIZZLE)
 
     @gluon.jit
     def _in_v_order(p, BLOCK_N: gl.constexpr):
@@ -633,7 +637,13 @@ if gluon is not None:
             # ones in row 0 (column 0 of [keys, 8]), zeros elsewhere; written here before the
             # partitions start, read only after
             gl.static_assert(FP8)
-            ones = gl.allocate_shared_memory(KV_DTYPE, [SUM_COLS_G, BLOCK_N], VT.layout)
+            if SUM_SWIZZLE_G == 0:
+                ones = gl.allocate_shared_memory(KV_DTYPE, [SUM_COLS_G, BLOCK_N], VT.layout)
+            else:
+                ones = gl.allocate_shared_memory(
+                    KV_DTYPE, [SUM_COLS_G, BLOCK_N],
+                    gl.NVMMASharedLayout(swizzle_byte_width=SUM_SWIZZLE_G, element_bitwidth=8,
+                                         rank=2))
             _fill_ones(ones, KV_DTYPE, BLOCK_N)
         else:  # passed along, never read
             ones = vt_bufs
