@@ -82,7 +82,7 @@ def views(plan, lse):
 
 # A: rows that see no key, tile boundaries, a split tile; B: a larger batch
 cq_a, ck_a = batch([100, 300, 1, 520, 5, 257], [100, 200, 40, 700, 3, 300])
-cq_b, ck_b = batch([2000, 700, 256], [3000, 700, 300])
+cq_b, ck_b = batch([1600, 700, 256], [1700, 700, 300])
 plan_a = mla_plugins.plan_prefill(cq_a, ck_a, num_heads=Hq, kernel="aiter")
 plan_b = mla_plugins.plan_prefill(cq_b, ck_b, num_heads=Hq, kernel="aiter")
 result["kernels"] = [plan_a.kernel, plan_b.kernel]
