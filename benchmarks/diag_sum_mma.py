@@ -172,6 +172,9 @@ def kernel_rows():
 def _settings(argv):
     """`cols=N` and `swizzle=B` (gluon_attention.SUM_COLS / SUM_SWIZZLE) from the command
     line; set before any kernel compiles (Triton reads a kernel's globals at its compile)."""
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        raise SystemExit(f"diag_sum_mma.py: arguments are name=value, got {bad}; expected cols=N, swizzle=B")
     opts = dict(a.split("=", 1) for a in argv)
     unknown = set(opts) - {"cols", "swizzle"}
     if unknown:
