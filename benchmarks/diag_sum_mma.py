@@ -1,6 +1,7 @@
 """Diagnostic of `TileConfig.sum_mma` (stop 37, benchmarks/NOTES.md): fp8 P @ ones by wgmma
 in a kernel of its own (N = 8 and 16, three swizzles) against torch, the kernel's own
-`_fill_ones` and `_pv_and_sums` on known P and v against torch (at SUM_COLS), then the Gluon kernel's lse with sum_mma
+`_fill_ones` and `_pv_and_sums` on known P and v against torch (at SUM_COLS and the ones'
+SUM_SWIZZLE), then the Gluon kernel's lse with sum_mma
 against without it, per row. Hopper only, from the repository root:
 
     PYTHONPATH=. python benchmarks/diag_sum_mma.py
@@ -54,7 +55,7 @@ def pones(P, Out, N: gl.constexpr, SWZ: gl.constexpr, ROW: gl.constexpr):
 
 
 @gluon.jit
-def pair(P, VT, OutL, OutO, N: gl.constexpr):
+def pair(P, VT, OutL, OutO, N: gl.constexpr, SWZ: gl.constexpr):
     """The kernel's own `_pv_and_sums` (P @ ones and P @ V from one cast of P, both async)
     on P [64, 128] float32 and vt [128, 128] fp8 (Dv x keys), one warpgroup."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -67,8 +68,9 @@ def pair(P, VT, OutL, OutO, N: gl.constexpr):
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    ones_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWZ, element_bitwidth=8, rank=2)
     ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], ones_sh)
     ga._fill_ones(ones, gl.float8e4nv, 128)  # the kernel's own (SUM_COLS_G must equal N)
     vt = gl.allocate_shared_memory(gl.float8e4nv, [128, 128], sh)
     vr = gl.arange(0, 128, layout=gl.SliceLayout(1, ol))
@@ -113,12 +115,14 @@ def pair_check():
     perm = p8.reshape(64, 8, 2, 2, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(64, 128)
     want_o = perm @ vt8.float().t()
     n = int(ga.SUM_COLS_G.value)  # the width `_fill_ones` writes
+    swz = int(ga.SUM_SWIZZLE_G.value) or 128  # the kernel's ones layout (0: the v stage's, 128)
     out_l = torch.full((64, n), float("nan"), device="cuda")
     out_o = torch.full((64, 128), float("nan"), device="cuda")
-    if _launched(f"pair N={n}", pair, p, vt8, out_l, out_o, n):
-        print(f"pair N={n}: l col 0 rel err {(out_l[:, 0] / p8.sum(1) - 1).abs().max().item():.3e}, "
+    if _launched(f"pair N={n} swz={swz}", pair, p, vt8, out_l, out_o, n, swz):
+        print(f"pair N={n} swz={swz}: l col 0 rel err {(out_l[:, 0] / p8.sum(1) - 1).abs().max().item():.3e}, "
               f"other cols max {out_l[:, 1:].abs().max().item():.3e}; "
               f"o rel err {((out_o - want_o).norm() / want_o.norm()).item():.3e}")
+
 
 def micro():
     torch.manual_seed(0)
