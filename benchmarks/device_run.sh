@@ -71,8 +71,8 @@
 #   bash benchmarks/device_run.sh dev36b  # the whole GPU suite in one call
 #   bash benchmarks/device_run.sh dev36c  # the Gluon fp8 row sums by the tensor cores (sum_mma): its
 #                                         # GPU tests, its variants beside the defaults
-#   bash benchmarks/device_run.sh dev37   # why sum_mma's row sums are wrong (diag_sum_mma.py at
-#                                         # SUM_COLS 8 and 16, the ones at swizzle 128 and 32)
+#   bash benchmarks/device_run.sh dev37   # sum_mma with fresh per-block sums (stop 39): the
+#                                         # diagnostic, its GPU tests, its timing
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -545,16 +545,21 @@ PY
         summarize_variants "$out/variants-sum-mma.log"
         ;;
     dev37)
-        # stop 37/38: why sum_mma's row sums are wrong (benchmarks/diag_sum_mma.py: the product
-        # alone over N and swizzle, the kernel's _pv_and_sums, the kernel's l per row), then the
-        # kernel with the ones buffer at swizzle 32 and at SUM_COLS 16, each in its own
-        # Triton cache (its GPU tests are known to fail until fixed: not run here)
-        timeout 170 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
-        for arg in swizzle=32 cols=16; do
-            TRITON_CACHE_DIR=/tmp/tc-$arg timeout 110 python3 benchmarks/diag_sum_mma.py $arg \
-                >> "$out/diag-sum-mma.log" 2>&1 || status=1
-        done
+        # stop 39: sum_mma with each block's row sums in a fresh accumulator, folded in float32
+        # (stop 37's carried them in the fp8 products' accumulator): the diagnostic (carried
+        # against fresh on softmax-like P, the product alone, the kernel's _pv_and_sums, the
+        # kernel's l per row against the default's), sum_mma's GPU tests (xfail run as plain
+        # tests), then the late and early forms with and without it at seven shapes
+        timeout 130 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
         cat "$out/diag-sum-mma.log"
+        timeout 150 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --runxfail \
+            -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-sum-mma.log"
+        timeout 290 python3 benchmarks/prefill.py --variants \
+            --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma sum_mma" \
+            --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16,chunked-q512-k8192-H16,B1-S1024-H16,B16-S512-H16 \
+            --out "$out/variants-sum-mma.json" > "$out/variants-sum-mma.log" 2>&1 || status=1
+        summarize_variants "$out/variants-sum-mma.log"
         ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)

@@ -118,26 +118,26 @@ if gluon is not None:
             return warpgroup_mma(p, v_buf, acc, is_async=True)
 
     @gluon.jit
-    def _pv_and_sums(p, v_buf, acc, acc_l, fac_l, ones_smem, KV_DTYPE: gl.constexpr,
-                     p_layout: gl.constexpr, pl_layout: gl.constexpr, row_l: gl.constexpr,
-                     BLOCK_N: gl.constexpr):
-        """fp8 with SUM_MMA: issue acc_l * fac_l + P @ ones (the row sums), then acc += P @ V,
-        both async from one cast of P (float32, the scores' layout); returns their tokens."""
+    def _pv_and_sums(p, v_buf, acc, zero_l, ones_smem, KV_DTYPE: gl.constexpr,
+                     p_layout: gl.constexpr, pl_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+        """fp8 with SUM_MMA: issue P @ ones (this block's row sums, into a fresh accumulator:
+        `zero_l`, not read), then acc += P @ V, both async from one cast of P (float32, the
+        scores' layout); returns their tokens. Fresh, because the fp8 products accumulate
+        into C at reduced precision (NOTES, stop 39): a row sum carried in C across blocks
+        loses every term below its last ~13 bits, a sum of one block's 128 terms does not."""
         a8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
-        l_tok = warpgroup_mma(gl.convert_layout(a8, pl_layout), ones_smem.permute((1, 0)),
-                              acc_l * gl.convert_layout(fac_l, row_l)[:, None], is_async=True)
+        l_tok = warpgroup_mma(gl.convert_layout(a8, pl_layout), ones_smem.permute((1, 0)), zero_l,
+                              use_acc=False, is_async=True)
         o_tok = warpgroup_mma(a8, v_buf.permute((1, 0)), acc, is_async=True)
         return l_tok, o_tok
 
     @gluon.jit
     def _fill_ones(ones, KV_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr):
-        """SUM_MMA's B operand [SUM_COLS, keys] in shared memory: ones in row 0 (column 0 of
-        the [keys, SUM_COLS] operand), zeros elsewhere, fenced for the tensor cores; written
-        by NUM_WARPS warps."""
+        """SUM_MMA's B operand [SUM_COLS, keys] in shared memory, all ones (every column of
+        P @ ones is then the row sum, in every thread that holds a row: no shuffle to read
+        it), fenced for the tensor cores; written by NUM_WARPS warps."""
         ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS_G, 1], [1, 0])
-        one_row = gl.arange(0, SUM_COLS_G, layout=gl.SliceLayout(1, ol))[:, None] == 0
-        ones.store(gl.where(one_row, gl.full([SUM_COLS_G, BLOCK_N], 1.0, gl.float32, ol),
-                            gl.zeros([SUM_COLS_G, BLOCK_N], gl.float32, ol)).to(KV_DTYPE))
+        ones.store(gl.full([SUM_COLS_G, BLOCK_N], 1.0, gl.float32, ol).to(KV_DTYPE))
         fence_async_shared()
 
     @gluon.jit
@@ -302,10 +302,11 @@ if gluon is not None:
         it (FA3's order: the 64 multiplies a thread run under the tensor cores' q k^T), instead
         of after block j's softmax, between it and the next issue.
 
-        SUM_MMA (fp8): the row sums of P taken by the tensor cores, P @ ones_smem ([keys, 8],
-        a one in column 0) into an [64, 8] accumulator issued beside each P @ V, instead of
-        64 FADD a thread a block; so l sums the fp8 P that P @ V multiplies. Its factor is
-        alpha alone (the v scale change is acc's only).
+        SUM_MMA (fp8): each block's row sums of P taken by the tensor cores, P @ ones_smem
+        ([keys, 8] ones) into a fresh [64, 8] accumulator issued beside its P @ V, then
+        folded into l8 (float32 registers, every column the row sum: 4 FFMA a thread a block)
+        with the block's alpha, instead of 64 FADD a thread a block; so l sums the fp8 P that
+        P @ V multiplies. Its factor is alpha alone (the v scale change is acc's only).
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
@@ -373,9 +374,11 @@ if gluon is not None:
         c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
         # RESCALE_LATE: the factor acc takes before the next P @ V (acc is 0 until the first)
         fac = gl.full([HALF_G], 1.0, gl.float32, row_s)
-        # SUM_MMA: the row sums' accumulator and the factor it takes before the next product
-        acc_l = gl.zeros([HALF_G, SUM_COLS_G], gl.float32, l_layout)
+        # SUM_MMA: the row sums so far (every column the same), the factor they take before
+        # the next block's sums are added (that block's alpha), the products' unread input
+        l8 = gl.zeros([HALF_G, SUM_COLS_G], gl.float32, l_layout)
         fac_l = gl.full([HALF_G], 1.0, gl.float32, row_s)
+        zero_l = gl.zeros([HALF_G, SUM_COLS_G], gl.float32, l_layout)
 
         if n_total > 0:
             st = it0 % NUM_STAGES
@@ -426,14 +429,15 @@ if gluon is not None:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
             if SUM_MMA:
                 # issued before P @ V, so the wait for S below leaves only P @ V in flight
-                l_tok, o_tok = _pv_and_sums(p_op, vt_bufs.index(prev), acc, acc_l, fac_l, ones_smem,
-                                            KV_DTYPE, p_layout, pl_layout, row_l, BLOCK_N)
+                l_tok, o_tok = _pv_and_sums(p_op, vt_bufs.index(prev), acc, zero_l, ones_smem,
+                                            KV_DTYPE, p_layout, pl_layout, BLOCK_N)
             else:
                 o_tok = _pv(p_op, vt_bufs.index(prev), acc, KV_DTYPE, p_layout, BLOCK_N, FP8)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
             if SUM_MMA:
-                s, acc_l = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
+                s, blk_l = warpgroup_mma_wait(1, deps=(s_tok, l_tok))
+                l8 = l8 * gl.convert_layout(fac_l, row_l)[:, None] + blk_l
             else:
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start + j * BLOCK_N,
@@ -447,12 +451,11 @@ if gluon is not None:
                 c_v = s_v
             else:
                 f = alpha
+            fac_l = alpha
             if RESCALE_LATE:
                 fac = f
-                fac_l = alpha
             else:
                 acc = acc * gl.convert_layout(f, row_o)[:, None]
-                acc_l = acc_l * gl.convert_layout(alpha, row_l)[:, None]
 
         if Q_TMA:
             # every q k^T of the unit has completed (each was waited for): the producer may
@@ -468,9 +471,10 @@ if gluon is not None:
             if RESCALE_LATE:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
             if SUM_MMA:
-                l_tok, o_tok = _pv_and_sums(p, vt_bufs.index(last), acc, acc_l, fac_l, ones_smem,
-                                            KV_DTYPE, p_layout, pl_layout, row_l, BLOCK_N)
-                acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+                l_tok, o_tok = _pv_and_sums(p, vt_bufs.index(last), acc, zero_l, ones_smem,
+                                            KV_DTYPE, p_layout, pl_layout, BLOCK_N)
+                acc, blk_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+                l8 = l8 * gl.convert_layout(fac_l, row_l)[:, None] + blk_l
             else:
                 o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc,
                             KV_DTYPE, p_layout, BLOCK_N, FP8)
@@ -478,9 +482,9 @@ if gluon is not None:
             mbarrier.arrive(empty.index(last), count=1)
 
         if SUM_MMA:
-            # column 0 holds it, the rest 0 (`_softmax_block`'s FADD sums are then dead: the
-            # compiler drops them, the point of SUM_MMA)
-            l_i = gl.convert_layout(gl.sum(acc_l, 1), row_s)
+            # every column holds it, bit for bit (`_softmax_block`'s FADD sums are then dead:
+            # the compiler drops them, the point of SUM_MMA)
+            l_i = gl.convert_layout(gl.max(l8, 1), row_s)
         seen = l_i > 0
         inv = gl.where(seen, c_v / gl.where(seen, l_i, 1.0), 0.0)
         lse = gl.where(seen, (m_i - P_SHIFT + gl.log2(gl.where(seen, l_i, 1.0))) * LN2_G,
@@ -634,8 +638,7 @@ if gluon is not None:
             vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, DV_G], VT.layout)
         if SUM_MMA:
             # fp8 only: the [8, keys] B operand of the consumers' row sums (_consume_unit),
-            # ones in row 0 (column 0 of [keys, 8]), zeros elsewhere; written here before the
-            # partitions start, read only after
+            # all ones; written here before the partitions start, read only after
             gl.static_assert(FP8)
             if SUM_SWIZZLE_G == 0:
                 ones = gl.allocate_shared_memory(KV_DTYPE, [SUM_COLS_G, BLOCK_N], VT.layout)
