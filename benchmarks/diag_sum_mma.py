@@ -145,6 +145,75 @@ def chain_check():
         print(f"chain NB={nb}: " + "; ".join(line))
 
 
+@gluon.jit
+def onehot(P, Out, N: gl.constexpr, AMODE: gl.constexpr):
+    """P [64, 128] (float32, cast to e4m3) @ ones [128, N] by one 64xN wgmma, out [64, N]: A
+    in registers converted from a blocked load (AMODE 0), from the scores' layout through
+    P @ V's operand layout (1: the kernel's path), or A in shared memory (2)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 128, 32])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, N, 32])
+    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)
+    ones.store(gl.full([N, 128], 1.0, gl.float32, ol).to(gl.float8e4nv))
+    r = gl.arange(0, 64, layout=gl.SliceLayout(1, ol))
+    c = gl.arange(0, 128, layout=gl.SliceLayout(0, ol))
+    p8 = gl.load(P + r[:, None] * 128 + c[None, :]).to(gl.float8e4nv)
+    acc = gl.zeros([64, N], gl.float32, l_layout)
+    if AMODE == 2:
+        a_smem = gl.allocate_shared_memory(gl.float8e4nv, [64, 128], sh)
+        a_smem.store(p8)
+        fence_async_shared()
+        gl.thread_barrier()
+        tok = warpgroup_mma(a_smem, ones.permute((1, 0)), acc, is_async=True)
+    else:
+        fence_async_shared()
+        gl.thread_barrier()
+        if AMODE == 1:
+            a = gl.convert_layout(gl.convert_layout(gl.convert_layout(p8, s_layout), p_layout),
+                                  pl_layout)
+        else:
+            a = gl.convert_layout(p8, pl_layout)
+        tok = warpgroup_mma(a, ones.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(tok,))
+    ro = gl.arange(0, 64, layout=gl.SliceLayout(1, l_layout))
+    co = gl.arange(0, N, layout=gl.SliceLayout(0, l_layout))
+    gl.store(Out + ro[:, None] * N + co[None, :], acc)
+
+
+def onehot_check():
+    """Which keys a 64xN row-sum product counts: P one-hot (row m holds a 1 at key m, then
+    at key 64 + m), each A path and N; prints the keys whose sum is not 1 and what came."""
+    for n in (8, 16, 64):
+        for amode in (0, 1, 2):
+            bad = {}
+            for half in (0, 1):
+                p = torch.zeros(64, 128, device="cuda")
+                p[torch.arange(64), torch.arange(64) + 64 * half] = 1.0
+                out = torch.full((64, n), float("nan"), device="cuda")
+                if not _launched(f"onehot N={n} A={amode}", onehot, p, out, n, amode):
+                    break
+                for m in range(64):
+                    got = out[m].tolist()
+                    if any(g != 1.0 for g in got):
+                        bad[m + 64 * half] = sorted(set(round(g, 3) for g in got))
+            print(f"onehot N={n} A={amode}: {128 - len(bad)} keys right; wrong keys "
+                  f"{sorted(bad)[:40]}; their values {list(bad.values())[:6]}")
+    torch.manual_seed(4)
+    for n in (8, 16, 64):
+        for amode in (0, 1, 2):
+            p = torch.rand(64, 128, device="cuda") * 200
+            want = p.to(torch.float8_e4m3fn).double().sum(1)
+            out = torch.full((64, n), float("nan"), device="cuda")
+            if _launched(f"rand N={n} A={amode}", onehot, p, out, n, amode):
+                r = out.double() / want[:, None]
+                print(f"rand N={n} A={amode}: ratio min {r.min().item():.5f} max {r.max().item():.5f}")
+
+
 def _launched(label, kernel, *args) -> bool:
     """One program of `kernel` (4 warps) run to completion; a compile or launch error is
     printed, not raised."""
@@ -245,7 +314,11 @@ if __name__ == "__main__":
     opts = _settings(sys.argv[1:])
     if opts:
         print(f"kernel with {opts}")
+    elif "ONEHOT_ONLY" in __import__("os").environ:
+        onehot_check()
+        raise SystemExit(0)
     else:
+        onehot_check()
         chain_check()
         micro()
     pair_check()
