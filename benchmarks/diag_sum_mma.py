@@ -146,8 +146,9 @@ def chain_check():
 
 
 @gluon.jit
-def onehot(P, Out, N: gl.constexpr, AMODE: gl.constexpr):
-    """P [64, 128] (float32, cast to e4m3) @ ones [128, N] by one 64xN wgmma, out [64, N]: A
+def onehot(P, B, Out, N: gl.constexpr, AMODE: gl.constexpr):
+    """P [64, 128] (float32, cast to e4m3) @ B^T ([N, 128] float32 cast to e4m3, in shared
+    memory at a 128-byte swizzle: ones, or a probe) by one 64xN wgmma, out [64, N]: A
     in registers converted from a blocked load (AMODE 0), from the scores' layout through
     P @ V's operand layout (1: the kernel's path), or A in shared memory (2)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -159,9 +160,10 @@ def onehot(P, Out, N: gl.constexpr, AMODE: gl.constexpr):
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)
-    ones.store(gl.full([N, 128], 1.0, gl.float32, ol).to(gl.float8e4nv))
     r = gl.arange(0, 64, layout=gl.SliceLayout(1, ol))
     c = gl.arange(0, 128, layout=gl.SliceLayout(0, ol))
+    rn = gl.arange(0, N, layout=gl.SliceLayout(1, ol))
+    ones.store(gl.load(B + rn[:, None] * 128 + c[None, :]).to(gl.float8e4nv))
     p8 = gl.load(P + r[:, None] * 128 + c[None, :]).to(gl.float8e4nv)
     acc = gl.zeros([64, N], gl.float32, l_layout)
     if AMODE == 2:
@@ -187,15 +189,18 @@ def onehot(P, Out, N: gl.constexpr, AMODE: gl.constexpr):
 
 def onehot_check():
     """Which keys a 64xN row-sum product counts: P one-hot (row m holds a 1 at key m, then
-    at key 64 + m), each A path and N; prints the keys whose sum is not 1 and what came."""
+    at key 64 + m), each A path and N; prints the keys whose sum is not 1 and what came.
+    Then B probes: B[n, k] = 1 + k % 16, 1 + k // 16, 1 + n % 8, 1 + n // 8 (exact in e4m3), so with one-hot
+    A the output [m, n] names the element of B the product read for key k_m, column n."""
     for n in (8, 16, 64):
         for amode in (0, 1, 2):
             bad = {}
             for half in (0, 1):
                 p = torch.zeros(64, 128, device="cuda")
                 p[torch.arange(64), torch.arange(64) + 64 * half] = 1.0
+                b = torch.ones(n, 128, device="cuda")
                 out = torch.full((64, n), float("nan"), device="cuda")
-                if not _launched(f"onehot N={n} A={amode}", onehot, p, out, n, amode):
+                if not _launched(f"onehot N={n} A={amode}", onehot, p, b, out, n, amode):
                     break
                 for m in range(64):
                     got = out[m].tolist()
@@ -203,13 +208,42 @@ def onehot_check():
                         bad[m + 64 * half] = sorted(set(round(g, 3) for g in got))
             print(f"onehot N={n} A={amode}: {128 - len(bad)} keys right; wrong keys "
                   f"{sorted(bad)[:40]}; their values {list(bad.values())[:6]}")
+    for n in (8, 64):
+        for amode in (0, 1, 2):
+            kk = torch.arange(128, device="cuda").float()[None, :].expand(n, 128)
+            nn = torch.arange(n, device="cuda").float()[:, None].expand(n, 128)
+            probes = {"k%16": 1 + kk % 16, "k//16": 1 + kk // 16, "n%8": 1 + nn % 8,
+                      "n//8": 1 + nn // 8}
+            seen = {}
+            for name, b in probes.items():
+                rows = []
+                for half in (0, 1):
+                    p = torch.zeros(64, 128, device="cuda")
+                    p[torch.arange(64), torch.arange(64) + 64 * half] = 1.0
+                    out = torch.full((64, n), float("nan"), device="cuda")
+                    if not _launched(f"probe N={n} A={amode}", onehot, p, b.contiguous(), out, n,
+                                     amode):
+                        break
+                    rows.append(out)
+                if len(rows) == 2:
+                    seen[name] = torch.cat(rows)  # [128 keys, n]
+            if len(seen) < 4:
+                continue
+            k_read = (seen["k//16"] - 1) * 16 + (seen["k%16"] - 1)
+            n_read = (seen["n//8"] - 1) * 8 + (seen["n%8"] - 1)
+            want_k = torch.arange(128, device="cuda").float()[:, None].expand(128, n)
+            want_n = torch.arange(n, device="cuda").float()[None, :].expand(128, n)
+            wrong = ((k_read != want_k) | (n_read != want_n)).nonzero().tolist()
+            print(f"probe N={n} A={amode}: {len(wrong)} of {128 * n} (key, column) read elsewhere; "
+                  f"first: {[(k, c, k_read[k, c].item(), n_read[k, c].item()) for k, c in wrong[:12]]}")
     torch.manual_seed(4)
     for n in (8, 16, 64):
         for amode in (0, 1, 2):
             p = torch.rand(64, 128, device="cuda") * 200
             want = p.to(torch.float8_e4m3fn).double().sum(1)
             out = torch.full((64, n), float("nan"), device="cuda")
-            if _launched(f"rand N={n} A={amode}", onehot, p, out, n, amode):
+            if _launched(f"rand N={n} A={amode}", onehot, p, torch.ones(n, 128, device="cuda"), out,
+                         n, amode):
                 r = out.double() / want[:, None]
                 print(f"rand N={n} A={amode}: ratio min {r.min().item():.5f} max {r.max().item():.5f}")
 
