@@ -149,8 +149,9 @@ def chain_check():
 def onehot(P, B, Out, N: gl.constexpr, AMODE: gl.constexpr):
     """P [64, 128] (float32, cast to e4m3) @ B^T ([N, 128] float32 cast to e4m3, in shared
     memory at a 128-byte swizzle: ones, or a probe) by one 64xN wgmma, out [64, N]: A
-    in registers converted from a blocked load (AMODE 0), from the scores' layout through
-    P @ V's operand layout (1: the kernel's path), or A in shared memory (2)."""
+    in registers converted from a blocked load (AMODE 0), from it through the scores' and P @
+    V's operand layouts (1), A in shared memory (2), or P loaded in the scores' layout and
+    converted (3), through vt8's key order and P @ V's operand layout (4: the kernel's path)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 128, 32])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=4)
@@ -166,7 +167,19 @@ def onehot(P, B, Out, N: gl.constexpr, AMODE: gl.constexpr):
     ones.store(gl.load(B + rn[:, None] * 128 + c[None, :]).to(gl.float8e4nv))
     p8 = gl.load(P + r[:, None] * 128 + c[None, :]).to(gl.float8e4nv)
     acc = gl.zeros([64, N], gl.float32, l_layout)
-    if AMODE == 2:
+    if AMODE >= 3:
+        # P loaded straight into the scores' layout (as `micro` and the kernel hold it)
+        rs = gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        cs = gl.arange(0, 128, layout=gl.SliceLayout(0, s_layout))
+        ps = gl.load(P + rs[:, None] * 128 + cs[None, :])
+        fence_async_shared()
+        gl.thread_barrier()
+        if AMODE == 3:
+            a = gl.convert_layout(ps.to(gl.float8e4nv), pl_layout)
+        else:  # 4: the kernel's path: vt8's key order, P @ V's operand layout, then pl_layout
+            a = gl.convert_layout(ga._p_operand(ps, gl.float8e4nv, p_layout, 128), pl_layout)
+        tok = warpgroup_mma(a, ones.permute((1, 0)), acc, is_async=True)
+    elif AMODE == 2:
         a_smem = gl.allocate_shared_memory(gl.float8e4nv, [64, 128], sh)
         a_smem.store(p8)
         fence_async_shared()
@@ -192,8 +205,9 @@ def onehot_check():
     at key 64 + m), each A path and N; prints the keys whose sum is not 1 and what came.
     Then B probes: B[n, k] = 1 + k % 16, 1 + k // 16, 1 + n % 8, 1 + n // 8 (exact in e4m3), so with one-hot
     A the output [m, n] names the element of B the product read for key k_m, column n."""
+    modes = (3, 4) if "ONEHOT_KERNEL_PATH" in __import__("os").environ else (0, 1, 2)
     for n in (8, 16, 64):
-        for amode in (0, 1, 2):
+        for amode in modes:
             bad = {}
             for half in (0, 1):
                 p = torch.zeros(64, 128, device="cuda")
@@ -209,7 +223,7 @@ def onehot_check():
             print(f"onehot N={n} A={amode}: {128 - len(bad)} keys right; wrong keys "
                   f"{sorted(bad)[:40]}; their values {list(bad.values())[:6]}")
     for n in (8, 64):
-        for amode in (0, 1, 2):
+        for amode in modes:
             kk = torch.arange(128, device="cuda").float()[None, :].expand(n, 128)
             nn = torch.arange(n, device="cuda").float()[:, None].expand(n, 128)
             probes = {"k%16": 1 + kk % 16, "k//16": 1 + kk // 16, "n%8": 1 + nn % 8,
@@ -231,14 +245,17 @@ def onehot_check():
                 continue
             k_read = (seen["k//16"] - 1) * 16 + (seen["k%16"] - 1)
             n_read = (seen["n//8"] - 1) * 8 + (seen["n%8"] - 1)
-            want_k = torch.arange(128, device="cuda").float()[:, None].expand(128, n)
+            # mode 4 feeds the product P's keys in vt8's order: key k sits at position v(k)
+            order = torch.arange(128, device="cuda").reshape(8, 2, 2, 2, 2).permute(0, 2, 3, 1, 4)
+            pos = order.reshape(128).argsort() if amode == 4 else torch.arange(128, device="cuda")
+            want_k = pos.float()[:, None].expand(128, n)
             want_n = torch.arange(n, device="cuda").float()[None, :].expand(128, n)
             wrong = ((k_read != want_k) | (n_read != want_n)).nonzero().tolist()
             print(f"probe N={n} A={amode}: {len(wrong)} of {128 * n} (key, column) read elsewhere; "
                   f"first: {[(k, c, k_read[k, c].item(), n_read[k, c].item()) for k, c in wrong[:12]]}")
     torch.manual_seed(4)
     for n in (8, 16, 64):
-        for amode in (0, 1, 2):
+        for amode in modes:
             p = torch.rand(64, 128, device="cuda") * 200
             want = p.to(torch.float8_e4m3fn).double().sum(1)
             out = torch.full((64, n), float("nan"), device="cuda")
