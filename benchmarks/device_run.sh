@@ -71,8 +71,8 @@
 #   bash benchmarks/device_run.sh dev36b  # the whole GPU suite in one call
 #   bash benchmarks/device_run.sh dev36c  # the Gluon fp8 row sums by the tensor cores (sum_mma): its
 #                                         # GPU tests, its variants beside the defaults
-#   bash benchmarks/device_run.sh dev37   # sum_mma with fresh per-block sums (stop 39): the
-#                                         # diagnostic, its GPU tests, its timing
+#   bash benchmarks/device_run.sh dev37   # sum_mma (stop 39/40): the diagnostic with the
+#                                         # kernel's operand path, its GPU tests, its timing
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -545,12 +545,12 @@ PY
         summarize_variants "$out/variants-sum-mma.log"
         ;;
     dev37)
-        # stop 39: sum_mma with each block's row sums in a fresh accumulator, folded in float32
-        # (stop 37's carried them in the fp8 products' accumulator): the diagnostic (carried
-        # against fresh on softmax-like P, the product alone, the kernel's _pv_and_sums, the
-        # kernel's l per row against the default's), sum_mma's GPU tests (xfail run as plain
-        # tests), then the late and early forms with and without it at five shapes
-        timeout 110 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
+        # stop 39/40: why sum_mma's sums are wrong in the kernel while the 64xN product alone
+        # is right (onehot modes 0-2, stop 39): the diagnostic (onehot modes 3 and 4, P from
+        # the scores' layout and through the kernel's own operand path; chain, micro, pair,
+        # the kernel's l per row), sum_mma's GPU tests (xfail run as plain tests), then the
+        # late and early forms with and without it at five shapes
+        ONEHOT_KERNEL_PATH=1 timeout 130 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
         cat "$out/diag-sum-mma.log"
         timeout 130 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --runxfail \
             -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
