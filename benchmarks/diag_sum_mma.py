@@ -56,9 +56,13 @@ def pones(P, Out, N: gl.constexpr, SWZ: gl.constexpr, ROW: gl.constexpr):
 
 
 @gluon.jit
-def pair(P, VT, OutL, OutO, N: gl.constexpr, SWZ: gl.constexpr):
-    """The kernel's own `_pv_and_sums` (P @ ones and P @ V from one cast of P, both async)
-    on P [64, 128] float32 and vt [128, 128] fp8 (Dv x keys), one warpgroup."""
+def pair(P, VT, OutL, OutO, Z, N: gl.constexpr, SWZ: gl.constexpr, MODE: gl.constexpr):
+    """The kernel's own `_pv_and_sums` (P @ ones and P @ V from one cast of P, both async;
+    MODE 0) on P [64, 128] float32 and vt [128, 128] fp8 (Dv x keys), one warpgroup; or the
+    same two products one after the other, each waited for before the next is issued (1:
+    sums first, 2: P @ V first), or both in flight with the sums' A operand a register copy
+    of P @ V's (3: xor with Z, a runtime 0 that ptxas cannot fold away as it folds a move, so
+    no register is read by two products in flight)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 128, 32])
     o_layout: gl.constexpr = s_layout
@@ -83,9 +87,31 @@ def pair(P, VT, OutL, OutO, N: gl.constexpr, SWZ: gl.constexpr):
     p = gl.load(P + r[:, None] * 128 + c[None, :])
     acc = gl.zeros([64, 128], gl.float32, o_layout)
     acc_l = gl.zeros([64, N], gl.float32, l_layout)
-    l_tok, o_tok = ga._pv_and_sums(p, vt, acc, acc_l, ones, gl.float8e4nv, p_layout,
-                                   pl_layout, 128)
-    acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+    if MODE == 0:
+        l_tok, o_tok = ga._pv_and_sums(p, vt, acc, acc_l, ones, gl.float8e4nv, p_layout,
+                                       pl_layout, 128)
+        acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+    else:
+        a8 = ga._p_operand(p, gl.float8e4nv, p_layout, 128)
+        a8_l = gl.convert_layout(a8, pl_layout)
+        if MODE == 3:
+            zeros = gl.full([64, 128], Z, gl.int8, pl_layout)
+            a8_l = gl.inline_asm_elementwise("xor.b32 $0, $1, $2;", "=r,r,r", [a8_l, zeros],
+                                             dtype=gl.float8e4nv, is_pure=False, pack=4)
+        if MODE == 1:
+            l_tok = warpgroup_mma(a8_l, ones.permute((1, 0)), acc_l, use_acc=False, is_async=True)
+            acc_l = warpgroup_mma_wait(0, deps=(l_tok,))
+            o_tok = warpgroup_mma(a8, vt.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        elif MODE == 2:
+            o_tok = warpgroup_mma(a8, vt.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(o_tok,))
+            l_tok = warpgroup_mma(a8_l, ones.permute((1, 0)), acc_l, use_acc=False, is_async=True)
+            acc_l = warpgroup_mma_wait(0, deps=(l_tok,))
+        else:
+            l_tok = warpgroup_mma(a8_l, ones.permute((1, 0)), acc_l, use_acc=False, is_async=True)
+            o_tok = warpgroup_mma(a8, vt.permute((1, 0)), acc, is_async=True)
+            acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
     ro = gl.arange(0, 64, layout=gl.SliceLayout(1, l_layout))
     co = gl.arange(0, N, layout=gl.SliceLayout(0, l_layout))
     gl.store(OutL + ro[:, None] * N + co[None, :], acc_l)
@@ -289,10 +315,14 @@ def pair_check():
     swz = int(ga.SUM_SWIZZLE_G.value) or 128  # the kernel's ones layout (0: the v stage's, 128)
     out_l = torch.full((64, n), float("nan"), device="cuda")
     out_o = torch.full((64, 128), float("nan"), device="cuda")
-    if _launched(f"pair N={n} swz={swz}", pair, p, vt8, out_l, out_o, n, swz):
-        print(f"pair N={n} swz={swz}: l (every column) rel err "
-              f"{(out_l / p8.sum(1)[:, None] - 1).abs().max().item():.3e}; "
-              f"o rel err {((out_o - want_o).norm() / want_o.norm()).item():.3e}")
+    for mode in (0, 1, 2, 3):
+        out_l.fill_(float("nan"))
+        out_o.fill_(float("nan"))
+        if _launched(f"pair N={n} swz={swz} mode={mode}", pair, p, vt8, out_l, out_o, 0, n, swz,
+                     mode):
+            print(f"pair N={n} swz={swz} mode={mode}: l (every column) rel err "
+                  f"{(out_l / p8.sum(1)[:, None] - 1).abs().max().item():.3e}; "
+                  f"o rel err {((out_o - want_o).norm() / want_o.norm()).item():.3e}")
 
 
 def micro():
@@ -367,6 +397,7 @@ if __name__ == "__main__":
         print(f"kernel with {opts}")
     elif "ONEHOT_ONLY" in __import__("os").environ:
         onehot_check()
+        pair_check()
         raise SystemExit(0)
     else:
         onehot_check()
