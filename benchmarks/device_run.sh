@@ -548,9 +548,12 @@ PY
         # stop 39/40: why sum_mma's sums are wrong in the kernel while the 64xN product alone
         # is right (onehot modes 0-2, stop 39): the diagnostic (onehot modes 3 and 4, P from
         # the scores' layout and through the kernel's own operand path; chain, micro, pair,
-        # the kernel's l per row), sum_mma's GPU tests (xfail run as plain tests), then the
-        # late and early forms with and without it at five shapes
+        # the kernel's l per row), the kernel's l per row with the sums reading a copy of P's
+        # registers (copy=1), sum_mma's GPU tests (xfail run as plain tests), then the late
+        # and early forms with and without it at five shapes
         ONEHOT_KERNEL_PATH=1 timeout 130 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
+        TRITON_CACHE_DIR=/tmp/tc-copy timeout 90 python3 benchmarks/diag_sum_mma.py copy=1 \
+            >> "$out/diag-sum-mma.log" 2>&1 || status=1
         cat "$out/diag-sum-mma.log"
         timeout 130 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --runxfail \
             -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1

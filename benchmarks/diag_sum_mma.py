@@ -8,8 +8,10 @@ against without it, per row. Hopper only, from the repository root:
     PYTHONPATH=. python benchmarks/diag_sum_mma.py
     TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py cols=16
     TRITON_CACHE_DIR=/tmp/tcs32 PYTHONPATH=. python benchmarks/diag_sum_mma.py swizzle=32
+    TRITON_CACHE_DIR=/tmp/tccopy PYTHONPATH=. python benchmarks/diag_sum_mma.py copy=1
 
-`cols=` sets gluon_attention.SUM_COLS, `swizzle=` SUM_SWIZZLE (the ones buffer's); each run
+`cols=` sets gluon_attention.SUM_COLS, `swizzle=` SUM_SWIZZLE (the ones buffer's), `copy=`
+SUM_COPY_A (the sums read a copy of P's registers); each run
 with either in a Triton cache of its own (the cache keys a kernel by its source, not by the
 globals it read).
 """
@@ -88,8 +90,8 @@ def pair(P, VT, OutL, OutO, Z, N: gl.constexpr, SWZ: gl.constexpr, MODE: gl.cons
     acc = gl.zeros([64, 128], gl.float32, o_layout)
     acc_l = gl.zeros([64, N], gl.float32, l_layout)
     if MODE == 0:
-        l_tok, o_tok = ga._pv_and_sums(p, vt, acc, acc_l, ones, gl.float8e4nv, p_layout,
-                                       pl_layout, 128)
+        l_tok, o_tok = ga._pv_and_sums(p, vt, acc, acc_l, ones, Z.to(gl.int8), gl.float8e4nv,
+                                       p_layout, pl_layout, 128)
         acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
     else:
         a8 = ga._p_operand(p, gl.float8e4nv, p_layout, 128)
@@ -375,19 +377,24 @@ def kernel_rows():
 
 
 def _settings(argv):
-    """`cols=N` and `swizzle=B` (gluon_attention.SUM_COLS / SUM_SWIZZLE) from the command
+    """`cols=N`, `swizzle=B` and `copy=0|1` (gluon_attention.SUM_COLS / SUM_SWIZZLE /
+    SUM_COPY_A) from the command
     line; set before any kernel compiles (Triton reads a kernel's globals at its compile)."""
     bad = [a for a in argv if "=" not in a]
     if bad:
-        raise SystemExit(f"diag_sum_mma.py: arguments are name=value, got {bad}; expected cols=N, swizzle=B")
+        raise SystemExit(f"diag_sum_mma.py: arguments are name=value, got {bad}; "
+                         "expected cols=N, swizzle=B, copy=0|1")
     opts = dict(a.split("=", 1) for a in argv)
-    unknown = set(opts) - {"cols", "swizzle"}
+    unknown = set(opts) - {"cols", "swizzle", "copy"}
     if unknown:
-        raise SystemExit(f"diag_sum_mma.py: unknown argument(s) {sorted(unknown)}; expected cols=N, swizzle=B")
+        raise SystemExit(f"diag_sum_mma.py: unknown argument(s) {sorted(unknown)}; "
+                         "expected cols=N, swizzle=B, copy=0|1")
     if "cols" in opts:
         ga.SUM_COLS_G = gl.constexpr(int(opts["cols"]))
     if "swizzle" in opts:
         ga.SUM_SWIZZLE_G = gl.constexpr(int(opts["swizzle"]))
+    if "copy" in opts:
+        ga.SUM_COPY_A_G = gl.constexpr(int(opts["copy"]))
     return opts
 
 
