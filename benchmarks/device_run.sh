@@ -547,7 +547,7 @@ PY
     dev37)
         # stop 39/40: why sum_mma's sums are wrong in the kernel while the 64xN product alone
         # is right (onehot modes 0-2, stop 39): the diagnostic (onehot modes 3 and 4, P from
-        # the scores' layout and through the kernel's own operand path; chain, micro, pair,
+        # the scores' layout and through the kernel's own operand path; chain, pair,
         # the kernel's l per row), the kernel's l per row with the sums reading a copy of P's
         # registers (copy=1), sum_mma's GPU tests (xfail run as plain tests), then the late
         # and early forms with and without it at five shapes

@@ -1,20 +1,21 @@
-"""Diagnostic of `TileConfig.sum_mma` (stop 37, benchmarks/NOTES.md): the row sums carried in
-the fp8 products' accumulator against fresh per block and float32 registers (stop 39), P @ ones
-by wgmma in a kernel of its own (N = 8 and 16, three swizzles) against torch, the kernel's own
-`_fill_ones` and `_pv_and_sums` on known P and v against torch (at SUM_COLS and the ones'
-SUM_SWIZZLE), then the Gluon kernel's lse with sum_mma
-against without it, per row. Hopper only, from the repository root:
+"""Diagnostic of `TileConfig.sum_mma` (stops 37 and 39, benchmarks/NOTES.md): one 64xN
+P @ B product (`onehot`: which key each row sums and which element of B it reads, for each
+way of building A), the row sums carried in the fp8 products' accumulator against fresh per
+block and float32 (`chain`), the kernel's own `_fill_ones` and `_pv_and_sums` beside their
+serial and register-copy forms on known P and v (`pair`), then the Gluon kernel's lse with
+sum_mma against without it, per row. Hopper only, from the repository root:
 
     PYTHONPATH=. python benchmarks/diag_sum_mma.py
+    ONEHOT_ONLY=1 PYTHONPATH=. python benchmarks/diag_sum_mma.py
     TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py cols=16
-    TRITON_CACHE_DIR=/tmp/tcs32 PYTHONPATH=. python benchmarks/diag_sum_mma.py swizzle=32
     TRITON_CACHE_DIR=/tmp/tccopy PYTHONPATH=. python benchmarks/diag_sum_mma.py copy=1
 
-`cols=` sets gluon_attention.SUM_COLS, `swizzle=` SUM_SWIZZLE (the ones buffer's), `copy=`
-SUM_COPY_A (the sums read a copy of P's registers); each run
-with either in a Triton cache of its own (the cache keys a kernel by its source, not by the
-globals it read).
+ONEHOT_ONLY runs `onehot` and `pair` alone; ONEHOT_KERNEL_PATH takes `onehot`'s modes 3 and
+4 (P from the scores' layout) instead of 0-2. `cols=` sets gluon_attention.SUM_COLS, `copy=`
+SUM_COPY_A (the sums read a copy of P's registers); each run with either in a Triton cache
+of its own (the cache keys a kernel by its source, not by the globals it read).
 """
+import os
 import sys
 
 import torch
@@ -31,40 +32,14 @@ from mla_plugins.core.kernels import gluon_attention as ga  # noqa: E402
 
 
 @gluon.jit
-def pones(P, Out, N: gl.constexpr, SWZ: gl.constexpr, ROW: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, 128, 32])
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, N, 32])
-    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
-    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWZ, element_bitwidth=8, rank=2)
-    ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)
-    one_row = gl.arange(0, N, layout=gl.SliceLayout(1, ol))[:, None] == ROW
-    ones.store(gl.where(one_row, gl.full([N, 128], 1.0, gl.float32, ol),
-                        gl.zeros([N, 128], gl.float32, ol)).to(gl.float8e4nv))
-    fence_async_shared()
-    gl.thread_barrier()
-    r = gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
-    c = gl.arange(0, 128, layout=gl.SliceLayout(0, s_layout))
-    p = gl.load(P + r[:, None] * 128 + c[None, :])
-    a8 = gl.convert_layout(p.to(gl.float8e4nv), pl_layout)
-    acc = gl.zeros([64, N], gl.float32, l_layout)
-    tok = warpgroup_mma(a8, ones.permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(tok,))
-    ro = gl.arange(0, 64, layout=gl.SliceLayout(1, l_layout))
-    co = gl.arange(0, N, layout=gl.SliceLayout(0, l_layout))
-    gl.store(Out + ro[:, None] * N + co[None, :], acc)
-
-
-@gluon.jit
-def pair(P, VT, OutL, OutO, Z, N: gl.constexpr, SWZ: gl.constexpr, MODE: gl.constexpr):
+def pair(P, VT, OutL, OutO, Z, N: gl.constexpr, MODE: gl.constexpr):
     """The kernel's own `_pv_and_sums` (P @ ones and P @ V from one cast of P, both async;
     MODE 0) on P [64, 128] float32 and vt [128, 128] fp8 (Dv x keys), one warpgroup; or the
     same two products one after the other, each waited for before the next is issued (1:
     sums first, 2: P @ V first), or both in flight with the sums' A operand a register copy
-    of P @ V's (3: xor with Z, a runtime 0 that ptxas cannot fold away as it folds a move, so
-    no register is read by two products in flight)."""
+    of P @ V's (3: xor with Z >> 31, a runtime 0 for Z >= 0 that ptxas cannot fold away as it
+    folds a move, so no register is read by two products in flight; the kernel's SUM_COPY_A
+    for mode 0)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 128, 32])
     o_layout: gl.constexpr = s_layout
@@ -74,9 +49,8 @@ def pair(P, VT, OutL, OutO, Z, N: gl.constexpr, SWZ: gl.constexpr, MODE: gl.cons
     pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    ones_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWZ, element_bitwidth=8, rank=2)
     ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], ones_sh)
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [N, 128], sh)  # the kernel's: VT.layout
     ga._fill_ones(ones, gl.float8e4nv, 128)  # the kernel's own (SUM_COLS_G must equal N)
     vt = gl.allocate_shared_memory(gl.float8e4nv, [128, 128], sh)
     vr = gl.arange(0, 128, layout=gl.SliceLayout(1, ol))
@@ -90,14 +64,14 @@ def pair(P, VT, OutL, OutO, Z, N: gl.constexpr, SWZ: gl.constexpr, MODE: gl.cons
     acc = gl.zeros([64, 128], gl.float32, o_layout)
     acc_l = gl.zeros([64, N], gl.float32, l_layout)
     if MODE == 0:
-        l_tok, o_tok = ga._pv_and_sums(p, vt, acc, acc_l, ones, Z.to(gl.int8), gl.float8e4nv,
-                                       p_layout, pl_layout, 128)
+        l_tok, o_tok = ga._pv_and_sums(p, vt, acc, acc_l, ones, Z, gl.float8e4nv, p_layout,
+                                       pl_layout, 128)
         acc, acc_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
     else:
         a8 = ga._p_operand(p, gl.float8e4nv, p_layout, 128)
         a8_l = gl.convert_layout(a8, pl_layout)
         if MODE == 3:
-            zeros = gl.full([64, 128], Z, gl.int8, pl_layout)
+            zeros = gl.full([64, 128], (Z >> 31).to(gl.int8), gl.int8, pl_layout)
             a8_l = gl.inline_asm_elementwise("xor.b32 $0, $1, $2;", "=r,r,r", [a8_l, zeros],
                                              dtype=gl.float8e4nv, is_pure=False, pack=4)
         if MODE == 1:
@@ -196,7 +170,7 @@ def onehot(P, B, Out, N: gl.constexpr, AMODE: gl.constexpr):
     p8 = gl.load(P + r[:, None] * 128 + c[None, :]).to(gl.float8e4nv)
     acc = gl.zeros([64, N], gl.float32, l_layout)
     if AMODE >= 3:
-        # P loaded straight into the scores' layout (as `micro` and the kernel hold it)
+        # P loaded straight into the scores' layout (as `chain` and the kernel hold it)
         rs = gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
         cs = gl.arange(0, 128, layout=gl.SliceLayout(0, s_layout))
         ps = gl.load(P + rs[:, None] * 128 + cs[None, :])
@@ -233,7 +207,7 @@ def onehot_check():
     at key 64 + m), each A path and N; prints the keys whose sum is not 1 and what came.
     Then B probes: B[n, k] = 1 + k % 16, 1 + k // 16, 1 + n % 8, 1 + n // 8 (exact in e4m3), so with one-hot
     A the output [m, n] names the element of B the product read for key k_m, column n."""
-    modes = (3, 4) if "ONEHOT_KERNEL_PATH" in __import__("os").environ else (0, 1, 2)
+    modes = (3, 4) if "ONEHOT_KERNEL_PATH" in os.environ else (0, 1, 2)
     for n in (8, 16, 64):
         for amode in modes:
             bad = {}
@@ -314,31 +288,15 @@ def pair_check():
     perm = p8.reshape(64, 8, 2, 2, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(64, 128)
     want_o = perm @ vt8.float().t()
     n = int(ga.SUM_COLS_G.value)  # the width `_fill_ones` writes
-    swz = int(ga.SUM_SWIZZLE_G.value) or 128  # the kernel's ones layout (0: the v stage's, 128)
     out_l = torch.full((64, n), float("nan"), device="cuda")
     out_o = torch.full((64, 128), float("nan"), device="cuda")
     for mode in (0, 1, 2, 3):
         out_l.fill_(float("nan"))
         out_o.fill_(float("nan"))
-        if _launched(f"pair N={n} swz={swz} mode={mode}", pair, p, vt8, out_l, out_o, 0, n, swz,
-                     mode):
-            print(f"pair N={n} swz={swz} mode={mode}: l (every column) rel err "
+        if _launched(f"pair N={n} mode={mode}", pair, p, vt8, out_l, out_o, 0, n, mode):
+            print(f"pair N={n} mode={mode}: l (every column) rel err "
                   f"{(out_l / p8.sum(1)[:, None] - 1).abs().max().item():.3e}; "
                   f"o rel err {((out_o - want_o).norm() / want_o.norm()).item():.3e}")
-
-
-def micro():
-    torch.manual_seed(0)
-    p = (torch.rand(64, 128, device="cuda") * 200).to(torch.float8_e4m3fn).float()
-    want = p.sum(1)
-    for n, swz, row in ((8, 128, 0), (16, 128, 0), (8, 64, 0), (8, 32, 0), (8, 128, 3)):
-        out = torch.full((64, n), float("nan"), device="cuda")
-        if not _launched(f"micro N={n} swz={swz} row={row}", pones, p, out, n, swz, row):
-            continue
-        col = out[:, row]
-        print(f"micro N={n} swz={swz} row={row}: col err {(col / want - 1).abs().max().item():.3e}, "
-              f"other cols max {out[:, [i for i in range(n) if i != row]].abs().max().item():.3e}, "
-              f"ratio rows 0-3 {(out.sum(1) / want)[:4].tolist()}")
 
 
 def kernel_rows():
@@ -377,22 +335,19 @@ def kernel_rows():
 
 
 def _settings(argv):
-    """`cols=N`, `swizzle=B` and `copy=0|1` (gluon_attention.SUM_COLS / SUM_SWIZZLE /
-    SUM_COPY_A) from the command
+    """`cols=N` and `copy=0|1` (gluon_attention.SUM_COLS / SUM_COPY_A) from the command
     line; set before any kernel compiles (Triton reads a kernel's globals at its compile)."""
     bad = [a for a in argv if "=" not in a]
     if bad:
         raise SystemExit(f"diag_sum_mma.py: arguments are name=value, got {bad}; "
-                         "expected cols=N, swizzle=B, copy=0|1")
+                         "expected cols=N, copy=0|1")
     opts = dict(a.split("=", 1) for a in argv)
-    unknown = set(opts) - {"cols", "swizzle", "copy"}
+    unknown = set(opts) - {"cols", "copy"}
     if unknown:
         raise SystemExit(f"diag_sum_mma.py: unknown argument(s) {sorted(unknown)}; "
-                         "expected cols=N, swizzle=B, copy=0|1")
+                         "expected cols=N, copy=0|1")
     if "cols" in opts:
         ga.SUM_COLS_G = gl.constexpr(int(opts["cols"]))
-    if "swizzle" in opts:
-        ga.SUM_SWIZZLE_G = gl.constexpr(int(opts["swizzle"]))
     if "copy" in opts:
         ga.SUM_COPY_A_G = gl.constexpr(int(opts["copy"]))
     return opts
@@ -402,13 +357,12 @@ if __name__ == "__main__":
     opts = _settings(sys.argv[1:])
     if opts:
         print(f"kernel with {opts}")
-    elif "ONEHOT_ONLY" in __import__("os").environ:
+    elif "ONEHOT_ONLY" in os.environ:
         onehot_check()
         pair_check()
         raise SystemExit(0)
     else:
         onehot_check()
         chain_check()
-        micro()
     pair_check()
     kernel_rows()

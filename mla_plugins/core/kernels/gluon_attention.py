@@ -79,9 +79,6 @@ CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 #: SUM_MMA: columns of the row sums' B operand and accumulator (wgmma's smallest N is 8)
 SUM_COLS = 8
-#: SUM_MMA: the ones buffer's swizzle in bytes (128, 64 or 32); 0 gives it the v stage's layout
-#: (VT.layout, 128). A diagnostic's knob (benchmarks/diag_sum_mma.py), as SUM_COLS
-SUM_SWIZZLE = 0
 #: SUM_MMA: the row sums read a register copy of P (xor with a runtime 0, which ptxas cannot
 #: fold as it folds a move), so no register is read by the two products in flight; a
 #: diagnostic's knob (stop 39, benchmarks/NOTES.md)
@@ -95,7 +92,6 @@ if gluon is not None:
     LN2_G = gl.constexpr(0.6931471805599453)
     NUM_WARPS_G = gl.constexpr(NUM_WARPS)
     SUM_COLS_G = gl.constexpr(SUM_COLS)
-    SUM_SWIZZLE_G = gl.constexpr(SUM_SWIZZLE)
     SUM_COPY_A_G = gl.constexpr(SUM_COPY_A)
 
     @gluon.jit
@@ -123,18 +119,19 @@ if gluon is not None:
             return warpgroup_mma(p, v_buf, acc, is_async=True)
 
     @gluon.jit
-    def _pv_and_sums(p, v_buf, acc, zero_l, ones_smem, zero_i8, KV_DTYPE: gl.constexpr,
+    def _pv_and_sums(p, v_buf, acc, zero_l, ones_smem, nonneg, KV_DTYPE: gl.constexpr,
                      p_layout: gl.constexpr, pl_layout: gl.constexpr, BLOCK_N: gl.constexpr):
         """fp8 with SUM_MMA: issue P @ ones (this block's row sums, into a fresh accumulator:
         `zero_l`, not read), then acc += P @ V, both async from one cast of P (float32, the
         scores' layout); returns their tokens. Fresh, so that l is carried in float32 (the
         caller folds each block's sums in), not in the fp8 products' accumulator, which keeps
         fewer bits than float32 (NOTES, stop 39). SUM_COPY_A: the sums read a copy of P's
-        registers (`zero_i8`: an int8 0 ptxas cannot prove 0)."""
+        registers (xor with `nonneg >> 31`: 0 for the never-negative int the caller passes,
+        which ptxas cannot prove 0)."""
         a8 = _p_operand(p, KV_DTYPE, p_layout, BLOCK_N)
         a8_l = gl.convert_layout(a8, pl_layout)
         if SUM_COPY_A_G != 0:
-            zeros = gl.full([HALF_G, BLOCK_N], zero_i8, gl.int8, pl_layout)
+            zeros = gl.full([HALF_G, BLOCK_N], (nonneg >> 31).to(gl.int8), gl.int8, pl_layout)
             a8_l = gl.inline_asm_elementwise("xor.b32 $0, $1, $2;", "=r,r,r", [a8_l, zeros],
                                              dtype=a8_l.dtype, is_pure=False, pack=4)
         l_tok = warpgroup_mma(a8_l, ones_smem.permute((1, 0)), zero_l,
@@ -390,8 +387,6 @@ if gluon is not None:
         l8 = gl.zeros([HALF_G, SUM_COLS_G], gl.float32, l_layout)
         fac_l = gl.full([HALF_G], 1.0, gl.float32, row_s)
         zero_l = gl.zeros([HALF_G, SUM_COLS_G], gl.float32, l_layout)
-        # SUM_COPY_A: 0, but not to ptxas (kv_start is never negative)
-        zero_i8 = (kv_start >> 31).to(gl.int8)
 
         if n_total > 0:
             st = it0 % NUM_STAGES
@@ -443,7 +438,7 @@ if gluon is not None:
             if SUM_MMA:
                 # issued before P @ V, so the wait for S below leaves only P @ V in flight
                 l_tok, o_tok = _pv_and_sums(p_op, vt_bufs.index(prev), acc, zero_l, ones_smem,
-                                            zero_i8, KV_DTYPE, p_layout, pl_layout, BLOCK_N)
+                                            kv_start, KV_DTYPE, p_layout, pl_layout, BLOCK_N)
             else:
                 o_tok = _pv(p_op, vt_bufs.index(prev), acc, KV_DTYPE, p_layout, BLOCK_N, FP8)
             if PINGPONG:
@@ -485,7 +480,7 @@ if gluon is not None:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
             if SUM_MMA:
                 l_tok, o_tok = _pv_and_sums(p, vt_bufs.index(last), acc, zero_l, ones_smem,
-                                            zero_i8, KV_DTYPE, p_layout, pl_layout, BLOCK_N)
+                                            kv_start, KV_DTYPE, p_layout, pl_layout, BLOCK_N)
                 acc, blk_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
                 l8 = l8 * gl.convert_layout(fac_l, row_l)[:, None] + blk_l
             else:
@@ -653,13 +648,7 @@ if gluon is not None:
             # fp8 only: the [8, keys] B operand of the consumers' row sums (_consume_unit),
             # all ones; written here before the partitions start, read only after
             gl.static_assert(FP8)
-            if SUM_SWIZZLE_G == 0:
-                ones = gl.allocate_shared_memory(KV_DTYPE, [SUM_COLS_G, BLOCK_N], VT.layout)
-            else:
-                ones = gl.allocate_shared_memory(
-                    KV_DTYPE, [SUM_COLS_G, BLOCK_N],
-                    gl.NVMMASharedLayout(swizzle_byte_width=SUM_SWIZZLE_G, element_bitwidth=8,
-                                         rank=2))
+            ones = gl.allocate_shared_memory(KV_DTYPE, [SUM_COLS_G, BLOCK_N], VT.layout)
             _fill_ones(ones, KV_DTYPE, BLOCK_N)
         else:  # passed along, never read
             ones = vt_bufs
