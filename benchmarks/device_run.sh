@@ -71,8 +71,10 @@
 #   bash benchmarks/device_run.sh dev36b  # the whole GPU suite in one call
 #   bash benchmarks/device_run.sh dev36c  # the Gluon fp8 row sums by the tensor cores (sum_mma): its
 #                                         # GPU tests, its variants beside the defaults
-#   bash benchmarks/device_run.sh dev37   # sum_mma (stop 39/40): the diagnostic with the
-#                                         # kernel's operand path, its GPU tests, its timing
+#   bash benchmarks/device_run.sh dev37   # sum_mma (stop 39/40): the diagnostic (every way
+#                                         # of building A, uniform and spread P), its GPU tests
+#   bash benchmarks/device_run.sh dev40   # sum_mma with the ones bitcast: the diagnostic, its GPU
+#                                         # tests, its variants beside the defaults
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -546,19 +548,29 @@ PY
         ;;
     dev37)
         # stop 39/40: why sum_mma's sums are wrong in the kernel while the 64xN product alone
-        # is right (onehot modes 0-2, stop 39): the diagnostic (onehot modes 3 and 4, P from
-        # the scores' layout and through the kernel's own operand path; chain, pair,
-        # the kernel's l per row), the kernel's l per row with the sums reading a copy of P's
-        # registers (copy=1), sum_mma's GPU tests (xfail run as plain tests), then the late
-        # and early forms with and without it at five shapes
-        ONEHOT_KERNEL_PATH=1 timeout 130 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
+        # is right (onehot modes 0-2, stop 39): the diagnostic (onehot modes 0-4, uniform and
+        # spread P; chain, pair, the kernel's l per row), the kernel's l per row with the sums
+        # reading a copy of P's registers (copy=1), sum_mma's GPU tests (xfail run as plain
+        # tests). Its timing beside the defaults: stop 39's (results/logs/*-stop39-h100.log)
+        timeout 200 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
         TRITON_CACHE_DIR=/tmp/tc-copy timeout 90 python3 benchmarks/diag_sum_mma.py copy=1 \
             >> "$out/diag-sum-mma.log" 2>&1 || status=1
         cat "$out/diag-sum-mma.log"
         timeout 130 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --runxfail \
             -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
         tail -4 "$out/gpu-tests-sum-mma.log"
-        timeout 220 python3 benchmarks/prefill.py --variants \
+        ;;
+    dev40)
+        # stop 40: sum_mma with the ones bitcast (ptxas had filled half of each word from a
+        # register never written): the diagnostic (splat, chain, pair, the kernel's l per
+        # row), its GPU tests (xfail run as plain tests), then the late and early forms with
+        # and without it at five shapes
+        timeout 150 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
+        cat "$out/diag-sum-mma.log"
+        timeout 150 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --runxfail \
+            -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-sum-mma.log"
+        timeout 240 python3 benchmarks/prefill.py --variants \
             --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma sum_mma" \
             --shapes B1-S8192-H128,B8-S2048-H128,B4-S4096-H16,chunked-q512-k8192-H16,B16-S512-H16 \
             --out "$out/variants-sum-mma.json" > "$out/variants-sum-mma.log" 2>&1 || status=1

@@ -1,4 +1,6 @@
-"""Diagnostic of `TileConfig.sum_mma` (stops 37 and 39, benchmarks/NOTES.md): one 64xN
+"""Diagnostic of `TileConfig.sum_mma` (stops 37, 39 and 40, benchmarks/NOTES.md): the ones
+buffer as `_fill_ones` writes it, against the float32 splat it used to be (`splat`: stop
+40's finding, ptxas filled half of each word from a register never written), one 64xN
 P @ B product (`onehot`: which key each row sums and which element of B it reads, for each
 way of building A), the row sums carried in the fp8 products' accumulator against fresh per
 block and float32 (`chain`), the kernel's own `_fill_ones` and `_pv_and_sums` beside their
@@ -10,10 +12,11 @@ sum_mma against without it, per row. Hopper only, from the repository root:
     TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py cols=16
     TRITON_CACHE_DIR=/tmp/tccopy PYTHONPATH=. python benchmarks/diag_sum_mma.py copy=1
 
-ONEHOT_ONLY runs `onehot` and `pair` alone; ONEHOT_KERNEL_PATH takes `onehot`'s modes 3 and
-4 (P from the scores' layout) instead of 0-2. `cols=` sets gluon_attention.SUM_COLS, `copy=`
-SUM_COPY_A (the sums read a copy of P's registers); each run with either in a Triton cache
-of its own (the cache keys a kernel by its source, not by the globals it read).
+The first runs splat, chain, pair and the kernel's rows; ONEHOT_ONLY runs `onehot` and
+`pair`, with ONEHOT_MODES (default 0,1,2,3,4) naming the ways of building A that `onehot`
+runs. `cols=` sets gluon_attention.SUM_COLS, `copy=` SUM_COPY_A (the sums read a copy of
+P's registers); each run with either in a Triton cache of its own (the cache keys a kernel
+by its source, not by the globals it read).
 """
 import os
 import sys
@@ -106,10 +109,8 @@ def chain(P, Out, NB: gl.constexpr, CHAIN: gl.constexpr):
                                                        instr_shape=[16, 8, 32])
     pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
     ones = gl.allocate_shared_memory(gl.float8e4nv, [8, 128], sh)
-    ones.store(gl.full([8, 128], 1.0, gl.float32, ol).to(gl.float8e4nv))
-    fence_async_shared()
+    ga._fill_ones(ones, gl.float8e4nv, 128)  # the kernel's own (SUM_COLS_G must be 8)
     gl.thread_barrier()
     r = gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
     c = gl.arange(0, 128, layout=gl.SliceLayout(0, s_layout))
@@ -127,6 +128,38 @@ def chain(P, Out, NB: gl.constexpr, CHAIN: gl.constexpr):
     ro = gl.arange(0, 64, layout=gl.SliceLayout(1, l_layout))
     co = gl.arange(0, 8, layout=gl.SliceLayout(0, l_layout))
     gl.store(Out + ro[:, None] * 8 + co[None, :], acc)
+
+
+@gluon.jit
+def splat(Out, BITCAST: gl.constexpr):
+    """The ones buffer of `_fill_ones` written both ways and read back as bytes: 1.0 cast
+    from float32 (a constant splat: what `_fill_ones` did until stop 40) or e4m3's bit
+    pattern bitcast from int8 (`_fill_ones` now). Out [8, 128] int8."""
+    ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [8, 128], sh)
+    if BITCAST:
+        ga._fill_ones(ones, gl.float8e4nv, 128)
+    else:
+        ones.store(gl.full([8, 128], 1.0, gl.float32, ol).to(gl.float8e4nv))
+    gl.thread_barrier()
+    r = gl.arange(0, 8, layout=gl.SliceLayout(1, ol))
+    c = gl.arange(0, 128, layout=gl.SliceLayout(0, ol))
+    gl.store(Out + r[:, None] * 128 + c[None, :], ones.load(ol).to(gl.int8, bitcast=True))
+
+
+def splat_check():
+    """How many bytes of the ones buffer are not e4m3's 1.0 (0x38), each way of filling it
+    (the SASS of the float32 splat: one F2FP that takes half of each word from a register
+    never written)."""
+    for bitcast in (False, True):
+        out = torch.full((8, 128), 0x7F, dtype=torch.int8, device="cuda")  # poison: e4m3 NaN
+        if _launched(f"splat bitcast={bitcast}", splat, out, bitcast):
+            bad = out != 0x38
+            print(f"splat {'bitcast int8' if bitcast else 'float32 1.0 cast'}: {int(bad.sum())} of "
+                  f"1024 bytes not 0x38; byte positions in a word: "
+                  f"{sorted(set((bad.nonzero()[:, 1] % 4).tolist()))}; values "
+                  f"{sorted(set(out[bad].tolist()))[:8]}")
 
 
 def chain_check():
@@ -207,7 +240,7 @@ def onehot_check():
     at key 64 + m), each A path and N; prints the keys whose sum is not 1 and what came.
     Then B probes: B[n, k] = 1 + k % 16, 1 + k // 16, 1 + n % 8, 1 + n // 8 (exact in e4m3), so with one-hot
     A the output [m, n] names the element of B the product read for key k_m, column n."""
-    modes = (3, 4) if "ONEHOT_KERNEL_PATH" in os.environ else (0, 1, 2)
+    modes = tuple(int(m) for m in os.environ.get("ONEHOT_MODES", "0,1,2,3,4").split(","))
     for n in (8, 16, 64):
         for amode in modes:
             bad = {}
@@ -255,16 +288,21 @@ def onehot_check():
             wrong = ((k_read != want_k) | (n_read != want_n)).nonzero().tolist()
             print(f"probe N={n} A={amode}: {len(wrong)} of {128 * n} (key, column) read elsewhere; "
                   f"first: {[(k, c, k_read[k, c].item(), n_read[k, c].item()) for k, c in wrong[:12]]}")
+    # uniform P, then P spread over `span` binades (chain's and the kernel's P are spread):
+    # whether what goes wrong depends on the values or on where A comes from
     torch.manual_seed(4)
-    for n in (8, 16, 64):
+    for n in (8, 64):
         for amode in modes:
-            p = torch.rand(64, 128, device="cuda") * 200
-            want = p.to(torch.float8_e4m3fn).double().sum(1)
-            out = torch.full((64, n), float("nan"), device="cuda")
-            if _launched(f"rand N={n} A={amode}", onehot, p, torch.ones(n, 128, device="cuda"), out,
-                         n, amode):
-                r = out.double() / want[:, None]
-                print(f"rand N={n} A={amode}: ratio min {r.min().item():.5f} max {r.max().item():.5f}")
+            for span in (0, 2, 8, 14):
+                u = torch.rand(64, 128, device="cuda")
+                p = u * 200 if span == 0 else torch.exp2(u * span + 8 - span)
+                want = p.to(torch.float8_e4m3fn).double().sum(1)
+                out = torch.full((64, n), float("nan"), device="cuda")
+                if _launched(f"rand N={n} A={amode}", onehot, p, torch.ones(n, 128, device="cuda"),
+                             out, n, amode):
+                    r = out.double() / want[:, None]
+                    print(f"rand N={n} A={amode} {'uniform' if span == 0 else f'span 2^{span}'}: "
+                          f"ratio min {r.min().item():.5f} max {r.max().item():.5f}")
 
 
 def _launched(label, kernel, *args) -> bool:
@@ -362,7 +400,7 @@ if __name__ == "__main__":
         pair_check()
         raise SystemExit(0)
     else:
-        onehot_check()
+        splat_check()
         chain_check()
     pair_check()
     kernel_rows()

@@ -93,6 +93,7 @@ if gluon is not None:
     NUM_WARPS_G = gl.constexpr(NUM_WARPS)
     SUM_COLS_G = gl.constexpr(SUM_COLS)
     SUM_COPY_A_G = gl.constexpr(SUM_COPY_A)
+    E4M3_ONE_G = gl.constexpr(0x38)  # 1.0 in float8_e4m3fn: sign 0, exponent 7 (bias 7), mantissa 0
 
     @gluon.jit
     def _in_v_order(p, BLOCK_N: gl.constexpr):
@@ -143,9 +144,16 @@ if gluon is not None:
     def _fill_ones(ones, KV_DTYPE: gl.constexpr, BLOCK_N: gl.constexpr):
         """SUM_MMA's B operand [SUM_COLS, keys] in shared memory, all ones (every column of
         P @ ones is then the row sum, in every thread that holds a row: no shuffle to read
-        it), fenced for the tensor cores; written by NUM_WARPS warps."""
+        it), fenced for the tensor cores; written by NUM_WARPS warps.
+
+        The ones are e4m3's bit pattern (0x38) as int8, bitcast: a float32 1.0 cast to fp8
+        (a constant splat) compiles, in the ptxas 12.8 Triton 3.6 ships, for sm_90, to one F2FP that fills 16
+        bits of each 32-bit word and takes the other 16 from a register never written, so
+        half the keys met garbage instead of 1 (stop 40, benchmarks/NOTES.md)."""
+        gl.static_assert(KV_DTYPE == gl.float8e4nv)
         ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS_G, 1], [1, 0])
-        ones.store(gl.full([SUM_COLS_G, BLOCK_N], 1.0, gl.float32, ol).to(KV_DTYPE))
+        bits = gl.full([SUM_COLS_G, BLOCK_N], E4M3_ONE_G, gl.int8, ol)
+        ones.store(bits.to(KV_DTYPE, bitcast=True))
         fence_async_shared()
 
     @gluon.jit
