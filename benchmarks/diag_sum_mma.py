@@ -12,7 +12,8 @@ sum_mma against without it, per row. Hopper only, from the repository root:
     TRITON_CACHE_DIR=/tmp/tc16 PYTHONPATH=. python benchmarks/diag_sum_mma.py cols=16
     TRITON_CACHE_DIR=/tmp/tccopy PYTHONPATH=. python benchmarks/diag_sum_mma.py copy=1
 
-The first runs splat, chain, pair and the kernel's rows; ONEHOT_ONLY runs `onehot` and
+The first runs splat, chain, pair and the kernel's rows (DIAG_PARTS, comma-separated, names
+a subset of splat, chain, pair, rows); ONEHOT_ONLY runs `onehot` and
 `pair`, with ONEHOT_MODES (default 0,1,2,3,4) naming the ways of building A that `onehot`
 runs. `cols=` sets gluon_attention.SUM_COLS, `copy=` SUM_COPY_A (the sums read a copy of
 P's registers); each run with either in a Triton cache of its own (the cache keys a kernel
@@ -400,7 +401,15 @@ if __name__ == "__main__":
         pair_check()
         raise SystemExit(0)
     else:
-        splat_check()
-        chain_check()
+        parts = os.environ.get("DIAG_PARTS", "splat,chain,pair,rows").split(",")
+        checks = {"splat": splat_check, "chain": chain_check, "pair": pair_check,
+                  "rows": kernel_rows}
+        unknown = set(parts) - set(checks)
+        if unknown:
+            raise SystemExit(f"diag_sum_mma.py: DIAG_PARTS names {sorted(unknown)}; expected "
+                             f"some of {sorted(checks)}, comma-separated")
+        for name in parts:
+            checks[name]()
+        raise SystemExit(0)
     pair_check()
     kernel_rows()

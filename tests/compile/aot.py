@@ -375,6 +375,12 @@ def compile_spec(spec: Spec) -> Result:
         res.stack = int(re.search(r"STACK:(\d+)", usage).group(1))
         res.spills = len(re.findall(r"\bSTL(?:\.\w+)*\b", sass))
         res.extra["wgmma"] = len(re.findall(r"\b[HQ]GMMA\b", sass))
+        # one float32 value cast into both bytes of a 16-bit half, the word's other half taken
+        # from a register (not RZ): what ptxas 12.8 made of an fp8 constant splat, the other
+        # half never written (stop 40, benchmarks/NOTES.md)
+        res.extra["f2fp_splat"] = [m.group(0) for m in re.finditer(
+            r"F2FP\S* (R\d+), (R\d+), (R\d+), (R\d+)", sass) if m.group(2) == m.group(3)]
+        res.extra["e4m3_one_words"] = sass.count("0x38383838")
         res.extra["mma"] = len(re.findall(r"\bHMMA\b", sass))
         warps = spec.total_warps or spec.options["num_warps"]
         res.occupancy = _cuda_occupancy(res.regs, warps * 32, res.shared)

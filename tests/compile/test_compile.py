@@ -36,6 +36,15 @@ def test_compiles_without_spills(spec):
     if spec.arch == "sm_90" and (spec.gluon or rotating) and not mma_sync:
         # the Gluon attention's products, and the dense rotation of q and k, on the tensor cores
         assert res.extra["wgmma"], f"{spec.name}: no wgmma (HGMMA/QGMMA) in its SASS"
+    if spec.arch == "sm_90":
+        assert not res.extra["f2fp_splat"], (
+            f"{spec.name}: {res.extra['f2fp_splat'][:2]}: one value cast into both bytes of a "
+            "half word whose other half comes from a register; ptxas 12.8 emits this for an "
+            "fp8 constant splat with that register never written: build fp8 constants from "
+            "their bit pattern (gluon_attention._fill_ones)")
+    if spec.arch == "sm_90" and "sum_mma" in spec.name:
+        # the ones buffer of the row sums' products: whole words of e4m3 1.0 (0x38)
+        assert res.extra["e4m3_one_words"], f"{spec.name}: no 0x38383838 word in its SASS"
     if spec.arch == "sm_90" and mma_sync:
         # the Kronecker rotation's 16 x 16 products (the Triton kron cast's batched ones, the
         # Gluon cast's mma v2): mma.sync on the tensor cores
