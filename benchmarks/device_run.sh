@@ -73,6 +73,7 @@
 #                                         # GPU tests, its variants beside the defaults
 #   bash benchmarks/device_run.sh dev37   # sum_mma (stop 39/40): the diagnostic (every way
 #                                         # of building A, uniform and spread P), its GPU tests
+#   bash benchmarks/device_run.sh dev40a  # dev40's checks alone: splat, the kernel's l per row, GPU tests
 #   bash benchmarks/device_run.sh dev40   # sum_mma with the ones bitcast: the diagnostic, its GPU
 #                                         # tests, its variants beside the defaults
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
@@ -557,6 +558,15 @@ PY
             >> "$out/diag-sum-mma.log" 2>&1 || status=1
         cat "$out/diag-sum-mma.log"
         timeout 130 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --runxfail \
+            -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-sum-mma.log"
+        ;;
+    dev40a)
+        # dev40 cut to little device time: both fills read back, the kernel's l per row with
+        # sum_mma against without it, then sum_mma's GPU tests
+        DIAG_PARTS=splat,rows timeout 100 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
+        cat "$out/diag-sum-mma.log"
+        timeout 150 python3 -m pytest tests/gpu/test_triton.py -q -p no:cacheprovider --runxfail \
             -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
         tail -4 "$out/gpu-tests-sum-mma.log"
         ;;
