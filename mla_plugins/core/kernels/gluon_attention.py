@@ -147,9 +147,10 @@ if gluon is not None:
         it), fenced for the tensor cores; written by NUM_WARPS warps.
 
         The ones are e4m3's bit pattern (0x38) as int8, bitcast: a float32 1.0 cast to fp8
-        (a constant splat) compiles, in the ptxas 12.8 Triton 3.6 ships, for sm_90, to one F2FP that fills 16
-        bits of each 32-bit word and takes the other 16 from a register never written, so
-        half the keys met garbage instead of 1 (stop 40, benchmarks/NOTES.md)."""
+        (a constant splat) compiles, in the ptxas 12.8 that Triton 3.6 ships, to one F2FP
+        that fills 16 bits of each 32-bit word and takes the other 16 from a register never
+        written, so half the keys met garbage instead of 1 (ptxas 13.5 compiles the same PTX
+        right; stop 40, benchmarks/NOTES.md)."""
         gl.static_assert(KV_DTYPE == gl.float8e4nv)
         ol: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NUM_WARPS_G, 1], [1, 0])
         bits = gl.full([SUM_COLS_G, BLOCK_N], E4M3_ONE_G, gl.int8, ol)
