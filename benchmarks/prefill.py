@@ -319,7 +319,8 @@ def variant_configs(fp8: bool) -> dict:
 def variants(args):
     """Phase-1 variants side by side (`variant_configs`; fp8, or 16-bit with --bf16): error
     against float64 and TFLOP/s end to end and (fp8) of the attention alone, each with its
-    own plan (tile_q = the variant's block_m); in 16-bit, FA3 bf16 in the same process."""
+    own plan (tile_q = the variant's block_m); FA3 in the same process: bf16 in 16-bit, in fp8
+    FA3 FP8 alone and with its quantization (`_fa3_fp8_rows`)."""
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.triton_kernel import run_prefill, split_workers
     from mla_plugins.core.kernels.triton_reduce import reduce
@@ -342,9 +343,11 @@ def variants(args):
         fl = flops(lq, lk, heads)
         ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
         inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=fp8)
-        if not fp8:
-            rows.append(_fa3_bf16_row(name, q, k, v, cq, ck, lq, lk, ref, fl))
-            print(json.dumps(rows[-1]), flush=True)
+        peer_rows = ([_fa3_bf16_row(name, q, k, v, cq, ck, lq, lk, ref, fl)] if not fp8
+                     else _fa3_fp8_rows(name, q, k, v, cq, ck, lq, lk, ref, fl, heads))
+        for peer_row in peer_rows:
+            rows.append(peer_row)
+            print(json.dumps(peer_row), flush=True)
         for label, cfg in configs.items():
             row = {"shape": name, "variant": label}
             try:
@@ -384,6 +387,38 @@ def variants(args):
         json.dump({"variants": rows, "env": environment(),
                    "command": "PYTHONPATH=. python benchmarks/prefill.py " + " ".join(sys.argv[1:])},
                   f, indent=1)
+
+
+def _fa3_fp8_rows(name, q, k, v, cq, ck, lq, lk, ref, fl, heads) -> list:
+    """FA3 FP8 on the variants' inputs: the attention alone on inputs quantized beforehand
+    (`attn_graph_*`, beside our variants' attention alone) and "FA3 FP8 e2e", its quantization
+    timed with it (`e2e_graph_*`), so one `--variants` run gives issue 21's two ratios."""
+    import peers
+
+    from tests.gpu.conftest import rel_err
+
+    rows = []
+    hq, hk = cq.tolist(), ck.tolist()
+    for label, key in (("fa3 fp8", "attn"), ("fa3 fp8 e2e", "e2e")):
+        row = {"shape": name, "variant": label}
+        try:
+            if key == "attn":
+                made = [peers.head_quant_torch(x, cu) for x, cu in ((q, hq), (k, hk), (v, hk))]
+                quant = tuple(t for t, _ in made) + tuple(d for _, d in made)
+                run, res = peers.fa3_peer(q, k, v, cq, ck, max(lq), max(lk), DQK**-0.5, fp8=True,
+                                          quantized=quant)
+            else:
+                run, res = peers.fa3_fp8_e2e_peer(q, k, v, cq, ck, max(lq), max(lk), DQK**-0.5,
+                                                  len(lq), heads)
+            run()
+            row["err"] = rel_err(res(), ref)
+            gms = graph_ms(run)
+            if gms:
+                row.update({f"{key}_graph_ms": gms, f"{key}_graph_tflops": fl / gms / 1e9})
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        rows.append(row)
+    return rows
 
 
 def _fa3_bf16_row(name, q, k, v, cq, ck, lq, lk, ref, fl) -> dict:
