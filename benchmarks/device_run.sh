@@ -574,7 +574,7 @@ PY
         # stop 40: sum_mma with the ones bitcast (ptxas had filled half of each word from a
         # register never written): both fills read back (splat), its GPU tests (xfail run as
         # plain tests), the late and early forms with and without it at five shapes beside FA3
-        # FP8 alone and e2e, then, if the tests failed, the rest of the diagnostic (chain, pair,
+        # FP8 alone and e2e (and the persistent form with and without it), then, if the tests failed, the rest of the diagnostic (chain, pair,
         # the kernel's l per row)
         DIAG_PARTS=splat timeout 60 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
         cat "$out/diag-sum-mma.log"
@@ -583,7 +583,7 @@ PY
             -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || { status=1; sum_ok=0; }
         tail -4 "$out/gpu-tests-sum-mma.log"
         timeout 300 python3 benchmarks/prefill.py --variants \
-            --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma sum_mma" \
+            --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma,gluon 128x128 s4 q_tma sum_mma,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent sum_mma" \
             --shapes B1-S8192-H128,B8-S2048-H128,B4-S4096-H16,chunked-q512-k8192-H16,B16-S512-H16 \
             --out "$out/variants-sum-mma.json" > "$out/variants-sum-mma.log" 2>&1 || status=1
         summarize_variants "$out/variants-sum-mma.log"
