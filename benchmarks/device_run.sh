@@ -574,8 +574,8 @@ PY
         # stop 40: sum_mma with the ones bitcast (ptxas had filled half of each word from a
         # register never written): both fills read back (splat), its GPU tests (xfail run as
         # plain tests), the late and early forms with and without it at five shapes beside FA3
-        # FP8 alone and e2e (and the persistent form with and without it), then, if the tests failed, the rest of the diagnostic (chain, pair,
-        # the kernel's l per row)
+        # FP8 alone and e2e (and the persistent form with and without it), then, if the tests
+        # failed, the rest of the diagnostic (chain, pair, the kernel's l per row)
         DIAG_PARTS=splat timeout 60 python3 benchmarks/diag_sum_mma.py > "$out/diag-sum-mma.log" 2>&1 || status=1
         cat "$out/diag-sum-mma.log"
         sum_ok=1
