@@ -104,12 +104,12 @@ BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: accumulator rescaled after the next q k^T is issued (stop 29, two runs: +0.5-3.7% at those
 #: four large shapes, -1% at B16-S512-H16 where the persistent form runs)
 GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True,
-                              q_tma=True, rescale_late=True)
+                              q_tma=True, rescale_late=True, sum_mma=True)
 #: the persistent form (`batch_config`: batches of several sequences): q loaded by the
 #: consumers (with the producer's TMA ptxas spills 4 words, for +-2%), the accumulator
 #: rescaled in the old place (rescale_late measured -2..-4% there, stop 29)
 GLUON_FP8_PERSISTENT_CONFIG = replace(GLUON_FP8_CONFIG, persistent=True, q_tma=False,
-                                      rescale_late=False)
+                                      rescale_late=False, sum_mma=False)
 #: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 64-key steps over four
 #: stages, the two consumer warpgroups taking turns (H200, stop 28, GPU time: 1.10-1.20x the
 #: portable kernel at every shape; pingpong +0-2.5% at 8 of 10 shapes, -1% at two; 128-key
