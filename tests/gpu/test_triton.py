@@ -464,9 +464,11 @@ def test_fp8_bad_values_stay_in_their_sequence(split, rotate, device):
                                cu_seqlens([lens_k[b]], device))
         assert torch.isfinite(out[qs].float()).all()
         if split:  # the batch splits its tiles differently from the sequence alone, and P's fp8
-            # rounding follows each piece's running max: close, not equal
+            # rounding follows each piece's running max: close, not equal. The Gluon kernel's
+            # row sums are of that rounded P (sum_mma), so its lse carries the rounding too:
+            # measured up to 2.5e-3 apart on an H100 (stop 41), 1e-3 with the vector sums
             assert rel_err(out[qs], alone.double()) < 3e-2, b
-            assert torch.allclose(lse[qs], alone_lse, rtol=0, atol=1e-3), b
+            assert torch.allclose(lse[qs], alone_lse, rtol=0, atol=5e-3), b
         else:
             assert torch.equal(out[qs], alone), b
             assert torch.equal(lse[qs], alone_lse), b
