@@ -76,6 +76,8 @@
 #   bash benchmarks/device_run.sh dev40a  # dev40's checks alone: splat, the kernel's l per row, GPU tests
 #   bash benchmarks/device_run.sh dev40   # sum_mma with the ones bitcast: the diagnostic, its GPU
 #                                         # tests, its variants beside the defaults
+#   bash benchmarks/device_run.sh dev41   # sum_mma the default: every GPU test, then it against the
+#                                         # vector sums beside FA3 FP8 at four more shapes
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -84,7 +86,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -593,6 +595,16 @@ PY
             tail -12 "$out/diag-sum-mma.log"
         fi
         ;;
+    dev41)
+        # stop 41: sum_mma the fp8 Gluon default: the whole GPU suite, then the default against
+        # the vector sums beside FA3 FP8 at the shapes dev40 left out
+        all_gpu_tests 380 8
+        timeout 180 python3 benchmarks/prefill.py --variants \
+            --variant-filter "gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma late" \
+            --shapes B1-S16384-H16,B1-S1024-H16,B1-S2048-H8,varlen-H16 \
+            --out "$out/variants-dev41.json" > "$out/variants-dev41.log" 2>&1 || status=1
+        summarize_variants "$out/variants-dev41.log"
+        ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)
         all_gpu_tests 540 8
@@ -640,7 +652,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

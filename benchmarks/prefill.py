@@ -283,8 +283,9 @@ def variant_configs(fp8: bool) -> dict:
     kernel (fp8, or 16-bit with `--bf16`): its default (fp8: one CTA per unit, q by TMA, the
     accumulator rescaled after the next q k^T is issued; 16-bit: the same but the rescale,
     pingpong), with the other rescale place (`rescale_late`), and fp8's persistent form; in
-    fp8 each of the three with the row sums by the tensor cores (`sum_mma`, stop 36). Stop 36
-    also measured part of the exponentials on the FMA pipe (slower; removed, NOTES).
+    fp8 each of the three with `sum_mma` the other way (the row sums by the tensor cores: stop
+    36, the default since stop 41). Stop 36 also measured part of the exponentials on the FMA
+    pipe (slower; removed, NOTES).
     Stop 28's runs measured the step, ring and q_tma choices, stop 29's the rescale's place
     and loading each unit's fields a unit ahead (NOTES)."""
     from dataclasses import replace
@@ -299,10 +300,11 @@ def variant_configs(fp8: bool) -> dict:
     if fp8:
         configs = {"triton 64x64 w4 s4": FP8_CONFIG}
         base = GLUON_FP8_CONFIG
+        other = not base.sum_mma
         knobs = ({}, {"rescale_late": False}, {"persistent": True, "q_tma": False,
                                                  "rescale_late": False},
-                 {"sum_mma": True}, {"sum_mma": True, "rescale_late": False},
-                 {"sum_mma": True, "persistent": True, "q_tma": False, "rescale_late": False})
+                 {"sum_mma": other}, {"sum_mma": other, "rescale_late": False},
+                 {"sum_mma": other, "persistent": True, "q_tma": False, "rescale_late": False})
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
         base = GLUON_BF16_CONFIG
