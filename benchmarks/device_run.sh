@@ -76,8 +76,8 @@
 #   bash benchmarks/device_run.sh dev40a  # dev40's checks alone: splat, the kernel's l per row, GPU tests
 #   bash benchmarks/device_run.sh dev40   # sum_mma with the ones bitcast: the diagnostic, its GPU
 #                                         # tests, its variants beside the defaults
-#   bash benchmarks/device_run.sh dev41   # sum_mma the default: every GPU test, then it against the
-#                                         # vector sums beside FA3 FP8 at four more shapes
+#   bash benchmarks/device_run.sh dev41   # every GPU test, then sum_mma against the vector sums
+#                                         # beside FA3 FP8 at four more shapes
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -596,8 +596,8 @@ PY
         fi
         ;;
     dev41)
-        # stop 41: sum_mma the fp8 Gluon default: the whole GPU suite, then the default against
-        # the vector sums beside FA3 FP8 at the shapes dev40 left out
+        # stop 41 (run with sum_mma the default, since reverted): the whole GPU suite, then
+        # the one-CTA form with and without sum_mma beside FA3 FP8 at the shapes dev40 left out
         all_gpu_tests 380 8
         timeout 180 python3 benchmarks/prefill.py --variants \
             --variant-filter "gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma late" \

@@ -283,9 +283,9 @@ def variant_configs(fp8: bool) -> dict:
     kernel (fp8, or 16-bit with `--bf16`): its default (fp8: one CTA per unit, q by TMA, the
     accumulator rescaled after the next q k^T is issued; 16-bit: the same but the rescale,
     pingpong), with the other rescale place (`rescale_late`), and fp8's persistent form; in
-    fp8 each of the three with `sum_mma` the other way (the row sums by the tensor cores: stop
-    36, the default since stop 41). Stop 36 also measured part of the exponentials on the FMA
-    pipe (slower; removed, NOTES).
+    fp8 each of the three with `sum_mma` the other way from the default (the row sums by the
+    tensor cores: stop 36, right since stop 40). Stop 36 also measured part of the
+    exponentials on the FMA pipe (slower; removed, NOTES).
     Stop 28's runs measured the step, ring and q_tma choices, stop 29's the rescale's place
     and loading each unit's fields a unit ahead (NOTES)."""
     from dataclasses import replace

@@ -288,8 +288,7 @@ def scenarios(arch: str) -> list[dict]:
                 # the accumulator's rescale in the other place (TileConfig.rescale_late)
                 dict(fp8=True, config=replace(g, rescale_late=False)),
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True)),
-                # the row sums the other way (TileConfig.sum_mma, fp8 only; the default's by
-                # the tensor cores since stop 41)
+                # the row sums the other way from the default (TileConfig.sum_mma, fp8 only)
                 dict(fp8=True, config=replace(g, sum_mma=not g.sum_mma)),
                 dict(fp8=True, config=replace(g, sum_mma=not g.sum_mma, rescale_late=False))]
     else:
