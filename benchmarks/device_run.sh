@@ -138,9 +138,10 @@ PY
 all_gpu_tests() {
     local part=${3:-}
     part=${part#-}
-    MLA_TEST_PART=${part/of//} PYTHONPATH="$PYTHONPATH:benchmarks" timeout "$1" \
+    # SIGINT at the limit: pytest then still prints its summary with the failures' names (-rfE)
+    MLA_TEST_PART=${part/of//} PYTHONPATH="$PYTHONPATH:benchmarks" timeout -s INT -k 30 "$1" \
         python3 -m pytest tests/gpu tests/core/test_torch_kernel.py tests/core/test_plan.py \
-        -q --maxfail=20 -p no:cacheprovider -p pytest_part > "$out/gpu-tests${3:-}.log" 2>&1 || status=1
+        -q -rfE --maxfail=20 -p no:cacheprovider -p pytest_part > "$out/gpu-tests${3:-}.log" 2>&1 || status=1
     tail -"$2" "$out/gpu-tests${3:-}.log"
 }
 # Nsight Compute of one phase-1 launch each, ours (the Gluon kernel, profile_phase1.py) and FA3's
