@@ -78,6 +78,8 @@
 #                                         # tests, its variants beside the defaults
 #   bash benchmarks/device_run.sh dev41   # every GPU test, then sum_mma against the vector sums
 #                                         # beside FA3 FP8 at four more shapes
+#   bash benchmarks/device_run.sh dev42   # sum_mma's leads: the split case's spread, the persistent
+#                                         # form against one CTA with it, its GPU tests
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -86,7 +88,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -606,6 +608,22 @@ PY
             --out "$out/variants-dev41.json" > "$out/variants-dev41.log" 2>&1 || status=1
         summarize_variants "$out/variants-dev41.log"
         ;;
+    dev42)
+        # stop 41's leads for adopting sum_mma: the isolation test's split case measured (lse
+        # and out against the sequence alone and float64, each form with and without it), the
+        # persistent form against one CTA per unit with it at the several-sequence shapes
+        # (batch_config's choice there), then sum_mma's GPU tests with failures named
+        DIAG_PARTS=split timeout 120 python3 benchmarks/diag_sum_mma.py > "$out/diag-split.log" 2>&1 || status=1
+        cat "$out/diag-split.log"
+        timeout 200 python3 benchmarks/prefill.py --variants \
+            --variant-filter "gluon 128x128 s4 q_tma late,gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 persistent,gluon 128x128 s4 persistent sum_mma" \
+            --shapes B8-S2048-H128,B4-S4096-H16,B16-S512-H16,varlen-H16 \
+            --out "$out/variants-dev42.json" > "$out/variants-dev42.log" 2>&1 || status=1
+        summarize_variants "$out/variants-dev42.log"
+        timeout -s INT -k 20 150 python3 -m pytest tests/gpu/test_triton.py -q -rfE -p no:cacheprovider \
+            --runxfail -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
+        tail -16 "$out/gpu-tests-sum-mma.log"
+        ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)
         all_gpu_tests 540 8
@@ -653,7 +671,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

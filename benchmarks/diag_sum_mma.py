@@ -5,7 +5,9 @@ P @ B product (`onehot`: which key each row sums and which element of B it reads
 way of building A), the row sums carried in the fp8 products' accumulator against fresh per
 block and float32 (`chain`), the kernel's own `_fill_ones` and `_pv_and_sums` beside their
 serial and register-copy forms on known P and v (`pair`), then the Gluon kernel's lse with
-sum_mma against without it, per row. Hopper only, from the repository root:
+sum_mma against without it, per row, and (`split`, not in the default list) the isolation
+test's split batch measured against each sequence alone and float64. Hopper only, from the
+repository root:
 
     PYTHONPATH=. python benchmarks/diag_sum_mma.py
     ONEHOT_ONLY=1 PYTHONPATH=. python benchmarks/diag_sum_mma.py
@@ -13,7 +15,7 @@ sum_mma against without it, per row. Hopper only, from the repository root:
     TRITON_CACHE_DIR=/tmp/tccopy PYTHONPATH=. python benchmarks/diag_sum_mma.py copy=1
 
 The first runs splat, chain, pair and the kernel's rows (DIAG_PARTS, comma-separated, names
-a subset of splat, chain, pair, rows); ONEHOT_ONLY runs `onehot` and
+a subset of splat, chain, pair, rows, split); ONEHOT_ONLY runs `onehot` and
 `pair`, with ONEHOT_MODES (default 0,1,2,3,4) naming the ways of building A that `onehot`
 runs. `cols=` sets gluon_attention.SUM_COLS, `copy=` SUM_COPY_A (the sums read a copy of
 P's registers); each run with either in a Triton cache of its own (the cache keys a kernel
@@ -373,6 +375,70 @@ def kernel_rows():
                   f"out/base rows 0,64: {(o1.norm(dim=-1) / o0.norm(dim=-1))[[0, 64], 0].tolist()}")
 
 
+def split_spread():
+    """The isolation test's split case measured instead of asserted (stop 41: with sum_mma it
+    failed a 5e-3 lse tolerance): the GPU test's batch (lengths [300, 520, 200] over
+    [700, 520, 333] keys, 4 heads, inf / NaN / 1e30 in sequence 1, split into heads * 7
+    pieces) against sequences 0 and 2 alone, for the vector sums and sum_mma in each form the
+    batch can take (one CTA per unit; persistent), over 4 draws: the largest |lse - alone|
+    and out's relative difference, and each one's lse and out against float64."""
+    from dataclasses import replace
+
+    import mla_plugins
+    from mla_plugins.core import api
+    from mla_plugins.core.kernels import triton_kernel as tk
+    from tests.core.helpers import cu_seqlens, random_batch
+    from tests.gpu.conftest import reference_on_device, rel_err
+
+    lens_q, lens_k, heads = [300, 520, 200], [700, 520, 333], 4
+    saved = {n: getattr(tk, n) for n in ("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS",
+                                         "GLUON_FP8_CONFIG", "GLUON_FP8_PERSISTENT_CONFIG")}
+    forms = {"one CTA": float("inf"), "persistent": 0}
+    try:
+        tk.GLUON_MIN_MEAN_KEYS = 0
+        for form, several in forms.items():
+            tk.GLUON_PERSISTENT_MIN_MEAN_KEYS = several
+            for sums in (False, True):
+                tk.GLUON_FP8_CONFIG = replace(saved["GLUON_FP8_CONFIG"], sum_mma=sums)
+                tk.GLUON_FP8_PERSISTENT_CONFIG = replace(saved["GLUON_FP8_PERSISTENT_CONFIG"],
+                                                         sum_mma=sums)
+                worst = {"dlse": 0.0, "dout": 0.0, "lse64": 0.0, "out64": 0.0}
+                for seed in range(4):
+                    q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, seed=seed, device="cuda")
+                    q0, k0 = lens_q[0], lens_k[0]
+                    q[q0 + 100, 1, 3] = float("inf")
+                    k[k0 + 10, 0, 100] = float("nan")
+                    v[k0 + 300, 2, 7] = 1e30
+
+                    def run(q, k, v, cq, ck, workers):
+                        api._cache.clear()  # a remembered plan keeps its first configuration
+                        plan = mla_plugins.plan_prefill(cq, ck, kernel="triton", num_heads=heads,
+                                                        tile_q=128, kv_granularity=128,
+                                                        num_workers=workers)
+                        return mla_plugins.mla_prefill(q, k, v, cq, ck, causal=True, fp8=True,
+                                                       return_lse=True, plan=plan, kernel="triton")
+
+                    out, lse = run(q, k, v, cq, ck, heads * 7)
+                    cqh, ckh = cq.tolist(), ck.tolist()
+                    for b in (0, 2):
+                        qs, ks = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1])
+                        one_q = cu_seqlens([lens_q[b]], "cuda")
+                        one_k = cu_seqlens([lens_k[b]], "cuda")
+                        alone, alone_lse = run(q[qs], k[ks], v[ks], one_q, one_k, heads * 7)
+                        ref, ref_lse = reference_on_device(q[qs], k[ks], v[ks], one_q, one_k)
+                        worst["dlse"] = max(worst["dlse"], (lse[qs] - alone_lse).abs().max().item())
+                        worst["dout"] = max(worst["dout"], rel_err(out[qs], alone.double()))
+                        worst["lse64"] = max(worst["lse64"], (lse[qs].double() - ref_lse).abs().max().item())
+                        worst["out64"] = max(worst["out64"], rel_err(out[qs], ref))
+                print(f"split {form}, {'sum_mma' if sums else 'vector sums'}: max |lse - alone| "
+                      f"{worst['dlse']:.2e}, out vs alone {worst['dout']:.2e}; against float64: "
+                      f"max |lse err| {worst['lse64']:.2e}, out rel err {worst['out64']:.3e}", flush=True)
+    finally:
+        for name, value in saved.items():
+            setattr(tk, name, value)
+        api._cache.clear()
+
+
 def _settings(argv):
     """`cols=N` and `copy=0|1` (gluon_attention.SUM_COLS / SUM_COPY_A) from the command
     line; set before any kernel compiles (Triton reads a kernel's globals at its compile)."""
@@ -403,7 +469,7 @@ if __name__ == "__main__":
     else:
         parts = os.environ.get("DIAG_PARTS", "splat,chain,pair,rows").split(",")
         checks = {"splat": splat_check, "chain": chain_check, "pair": pair_check,
-                  "rows": kernel_rows}
+                  "rows": kernel_rows, "split": split_spread}
         unknown = set(parts) - set(checks)
         if unknown:
             raise SystemExit(f"diag_sum_mma.py: DIAG_PARTS names {sorted(unknown)}; expected "
