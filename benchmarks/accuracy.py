@@ -87,10 +87,8 @@ def one_case(kind: str, value: float, device, seed: int) -> dict:
     hq = cu.tolist()
 
     def fa3_fp8():
-        parts = [peers.head_quant_torch(x, hq) for x in (q, k, v)]
-        quant = tuple(t for t, _ in parts) + tuple(d for _, d in parts)
         return peers.fa3_peer(q, k, v, cu, cu, SHAPE[0], SHAPE[0], 192**-0.5, fp8=True,
-                              quantized=quant)[1]()
+                              quantized=peers.head_quant_qkv(q, k, v, hq, hq))[1]()
 
     def cudnn_fp8():
         parts = [peers.per_tensor_quant(x) for x in (q, k, v)]

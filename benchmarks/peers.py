@@ -34,6 +34,13 @@ def head_quant_torch(x, cu, rotate=False):
     return head_quantize(x, cu, F8, rotate_=rotate)
 
 
+def head_quant_qkv(q, k, v, cu_q, cu_k):
+    """(q8, k8, v8, dq, dk, dv): q, k and v by `head_quant_torch` (cu_q, cu_k: host lists), in
+    the order `fa3_peer(..., quantized=)` takes."""
+    (q8, dq), (k8, dk), (v8, dv) = (head_quant_torch(x, cu) for x, cu in ((q, cu_q), (k, cu_k), (v, cu_k)))
+    return q8, k8, v8, dq, dk, dv
+
+
 def fa3_peer(q, k, v, cq, ck, max_q, max_k, scale, *, fp8=False, quantized=None, out=None):
     """FA3 through its public `flash_attn_varlen_func` (the call frameworks make): bf16, or
     FP8 on `quantized` = (q8, k8, v8, dq, dk, dv) made beforehand (descales [B, H])."""

@@ -405,10 +405,8 @@ def _fa3_fp8_rows(name, q, k, v, cq, ck, lq, lk, ref, fl, heads) -> list:
         row = {"shape": name, "variant": label}
         try:
             if key == "attn":
-                made = [peers.head_quant_torch(x, cu) for x, cu in ((q, hq), (k, hk), (v, hk))]
-                quant = tuple(t for t, _ in made) + tuple(d for _, d in made)
                 run, res = peers.fa3_peer(q, k, v, cq, ck, max(lq), max(lk), DQK**-0.5, fp8=True,
-                                          quantized=quant)
+                                          quantized=peers.head_quant_qkv(q, k, v, hq, hk))
             else:
                 run, res = peers.fa3_fp8_e2e_peer(q, k, v, cq, ck, max(lq), max(lk), DQK**-0.5,
                                                   len(lq), heads)
@@ -644,13 +642,10 @@ def shape_row(name, lq, lk, heads, device, gemm, only_auto=False):
     # peers
     max_q, max_k = max(lq), max(lk)
     try:
-        quantized = []
-        for x, cu in ((q, hq), (k, hk), (v, hk)):
-            quantized.append(peers.head_quant_torch(x, cu))
-        quant = tuple(t for t, _ in quantized) + tuple(d for _, d in quantized)
+        quant = peers.head_quant_qkv(q, k, v, hq, hk)
         run, res = peers.fa3_peer(q, k, v, cq, ck, max_q, max_k, scale, fp8=True, quantized=quant)
         record("fa3_fp8", run, res)
-        del quant, quantized
+        del quant
     except Exception as exc:
         row["fa3_fp8_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     for key, qmode in (("fa3_fp8_e2e", "triton"), ("fa3_fp8_e2e_torch", "torch")):

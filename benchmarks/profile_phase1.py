@@ -40,13 +40,10 @@ def main():
     cfg = GLUON_FP8_CONFIG if args.kernel == "gluon" else FP8_CONFIG
     q, k, v, cq, ck = make_batch(lq, lk, heads, "cuda")
     if args.kernel == "fa3":
-        from peers import fa3_peer, head_quant_torch
+        from peers import fa3_peer, head_quant_qkv
 
-        q8, dq = head_quant_torch(q, cq.tolist())
-        k8, dk = head_quant_torch(k, ck.tolist())
-        v8, dv = head_quant_torch(v, ck.tolist())
         run, _ = fa3_peer(q, k, v, cq, ck, max(lq), max(lk), 192 ** -0.5, fp8=True,
-                          quantized=(q8, k8, v8, dq, dk, dv))
+                          quantized=head_quant_qkv(q, k, v, cq.tolist(), ck.tolist()))
         for _ in range(3):
             run()
         torch.cuda.synchronize()
