@@ -80,6 +80,9 @@
 #                                         # beside FA3 FP8 at four more shapes
 #   bash benchmarks/device_run.sh dev42   # sum_mma's leads: the split case's spread, the persistent
 #                                         # form against one CTA with it, its GPU tests
+#   bash benchmarks/device_run.sh dev42b  # sum_mma the fp8 default, one CTA per unit for several
+#                                         # sequences: test_triton.py, then B8-S2048-H128's forms
+#                                         # beside the portable kernel
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -88,7 +91,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -624,6 +627,18 @@ PY
             --runxfail -k "gluon-sum-mma" > "$out/gpu-tests-sum-mma.log" 2>&1 || status=1
         tail -16 "$out/gpu-tests-sum-mma.log"
         ;;
+    dev42b)
+        # stop 42: sum_mma the fp8 default and one CTA per unit for several sequences (the
+        # persistent form off): every Triton/Gluon GPU test under the new defaults, then the
+        # several-sequence shape nearest the threshold (mean keys ~1100) in each form
+        timeout -s INT -k 20 330 python3 -m pytest tests/gpu/test_triton.py -q -rfE -p no:cacheprovider \
+            --maxfail=20 > "$out/gpu-tests-triton.log" 2>&1 || status=1
+        tail -16 "$out/gpu-tests-triton.log"
+        timeout 100 python3 benchmarks/prefill.py --variants \
+            --variant-filter "triton 64x64 w4 s4,gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 persistent" \
+            --shapes B8-S2048-H128 --out "$out/variants-dev42b.json" > "$out/variants-dev42b.log" 2>&1 || status=1
+        summarize_variants "$out/variants-dev42b.log"
+        ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)
         all_gpu_tests 540 8
@@ -671,7 +686,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

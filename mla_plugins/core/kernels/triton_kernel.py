@@ -102,18 +102,19 @@ BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: Hopper fp8 (sm_90): the Gluon kernel, q by the producer's TMA (H200, stop 28, attention
 #: alone in GPU time: +1-3% at B1-S8192-H128, B4-S4096-H16, B8-S2048-H128, B16-S512-H16), the
 #: accumulator rescaled after the next q k^T is issued (stop 29, two runs: +0.5-3.7% at those
-#: four large shapes, -1% at B16-S512-H16 where the persistent form runs). The row sums by
-#: the tensor cores (sum_mma) measured right and +2.1-5.6% on an H100 (stop 41) but are not
-#: the default yet: the persistent form must sum the same way (a sequence's bytes must not
-#: depend on which form its batch took) and spills with it; the split-batch lse tolerance
-#: needs their spread measured (benchmarks/NOTES.md, stop 41)
+#: four large shapes, -1% at B16-S512-H16), the row sums by the tensor cores (sum_mma: H100,
+#: stops 41-42, +1.8-5.6% at eight shapes; its errors against float64 within 3e-4 of the
+#: vector sums'; benchmarks/NOTES.md)
 GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True,
-                              q_tma=True, rescale_late=True)
-#: the persistent form (`batch_config`: batches of several sequences): q loaded by the
-#: consumers (with the producer's TMA ptxas spills 4 words, for +-2%), the accumulator
-#: rescaled in the old place (rescale_late measured -2..-4% there, stop 29)
+                              q_tma=True, rescale_late=True, sum_mma=True)
+#: the persistent form: no longer a default in fp8 (GLUON_PERSISTENT_MIN_MEAN_KEYS): one CTA per
+#: unit with sum_mma ran 6-8% faster at the several-sequence shapes that took it (H100, stop 42:
+#: B8-S2048-H128 613 against 576 TFLOP/s, B4-S4096-H16 702 against 652). Kept for
+#: `prefill.py --variants` and the GPU tests: q loaded by the consumers (with the producer's TMA
+#: ptxas spills 4 words), the accumulator rescaled in the old place (rescale_late measured
+#: -2..-4% there, stop 29), the vector row sums (with sum_mma ptxas spills 8 bytes, stop 41)
 GLUON_FP8_PERSISTENT_CONFIG = replace(GLUON_FP8_CONFIG, persistent=True, q_tma=False,
-                                      rescale_late=False)
+                                      rescale_late=False, sum_mma=False)
 #: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 64-key steps over four
 #: stages, the two consumer warpgroups taking turns (H200, stop 28, GPU time: 1.10-1.20x the
 #: portable kernel at every shape; pingpong +0-2.5% at 8 of 10 shapes, -1% at two; 128-key
@@ -146,16 +147,20 @@ def gluon_reasons(device: torch.device) -> list[str]:
 #: 12 warps) wins there; on short slices the portable kernel's two CTAs per SM hide each
 #: slice's prologue and epilogue. H200, GPU time (CUDA graphs), benchmarks/NOTES.md:
 #: one sequence, mean keys per slice ~4200 (B1-S8192-H128) 1.13x the portable kernel,
-#: ~8300 (B1-S16384-H16) 1.17x, ~8000 (q512 over k8192) 1.24x, one CTA per unit (persistent:
-#: 0.96x of that at S16384); several sequences, persistent: ~1100 (B8-S2048-H128) 1.03x,
-#: ~2100 (B4-S4096-H16) 1.12x (one CTA per unit 1.06x); ~320 (B16-S512-H16) 0.85x.
+#: ~8300 (B1-S16384-H16) 1.17x, ~8000 (q512 over k8192) 1.24x; several sequences (stop 29,
+#: persistent): ~1100 (B8-S2048-H128) 1.03x, ~2100 (B4-S4096-H16) 1.12x; ~320 (B16-S512-H16)
+#: 0.85x. Several sequences now take one CTA per unit there, faster than persistent (stop 42).
 GLUON_MIN_MEAN_KEYS = 3072
-#: the same for batches of several sequences, which take the persistent Gluon kernel
-GLUON_PERSISTENT_MIN_MEAN_KEYS = 1024
-#: the same two for 16-bit inputs (GLUON_BF16_CONFIG): one CTA per unit at every shape (it beat
-#: the portable kernel at all ten shapes of the H200 run, by 1.10-1.20x); persistent never (it
-#: lost to one CTA per unit at nine of ten, by up to 37% at B1-S2048-H8)
+#: the same for batches of several sequences
+GLUON_SEVERAL_MIN_MEAN_KEYS = 1024
+#: where batches of several sequences take the persistent form (GLUON_FP8_PERSISTENT_CONFIG):
+#: nowhere (stop 42, above)
+GLUON_PERSISTENT_MIN_MEAN_KEYS = float("inf")
+#: the same three for 16-bit inputs (GLUON_BF16_CONFIG): one CTA per unit at every shape (it
+#: beat the portable kernel at all ten shapes of the H200 run, by 1.10-1.20x); persistent never
+#: (it lost to one CTA per unit at nine of ten, by up to 37% at B1-S2048-H8)
 GLUON_BF16_MIN_MEAN_KEYS = 0
+GLUON_BF16_SEVERAL_MIN_MEAN_KEYS = 0
 GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS = float("inf")
 
 
@@ -188,19 +193,23 @@ def default_config(device: torch.device, fp8: bool) -> TileConfig:
 
 def batch_config(device: torch.device, fp8: bool, cu_q, cu_k, causal: bool) -> TileConfig:
     """The phase-1 configuration for one batch: the Gluon kernel on Hopper where the batch's
-    slices are long (one CTA per unit for one sequence, GLUON_MIN_MEAN_KEYS; persistent for
-    several, GLUON_PERSISTENT_MIN_MEAN_KEYS; GLUON_BF16_* in 16-bit), else `default_config`."""
+    slices are long (GLUON_MIN_MEAN_KEYS for one sequence, GLUON_SEVERAL_MIN_MEAN_KEYS for
+    several, which take the persistent form from GLUON_PERSISTENT_MIN_MEAN_KEYS; GLUON_BF16_*
+    in 16-bit), else `default_config`."""
     if device_kind(device) == "cuda" and not gluon_reasons(device):
         keys = mean_keys_per_slice(cu_q, cu_k, causal)
+        several_seqs = len(cu_q) > 2
         if fp8:
             config, persistent = GLUON_FP8_CONFIG, GLUON_FP8_PERSISTENT_CONFIG
-            one, several = GLUON_MIN_MEAN_KEYS, GLUON_PERSISTENT_MIN_MEAN_KEYS
+            one, several, persist = (GLUON_MIN_MEAN_KEYS, GLUON_SEVERAL_MIN_MEAN_KEYS,
+                                     GLUON_PERSISTENT_MIN_MEAN_KEYS)
         else:
             config, persistent = GLUON_BF16_CONFIG, GLUON_BF16_PERSISTENT_CONFIG
-            one, several = GLUON_BF16_MIN_MEAN_KEYS, GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS
-        if len(cu_q) > 2 and keys >= several:
+            one, several, persist = (GLUON_BF16_MIN_MEAN_KEYS, GLUON_BF16_SEVERAL_MIN_MEAN_KEYS,
+                                     GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS)
+        if several_seqs and keys >= persist:
             return persistent
-        if keys >= one:
+        if keys >= (several if several_seqs else one):
             return config
     return default_config(device, fp8)
 
