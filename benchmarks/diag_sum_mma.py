@@ -346,7 +346,7 @@ def kernel_rows():
     import mla_plugins
     from mla_plugins.core import api
     from mla_plugins.core.kernels import triton_kernel as tk
-    for name in ("GLUON_MIN_MEAN_KEYS", "GLUON_SEVERAL_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS"):
+    for name in ("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS"):
         setattr(tk, name, 0)
     base = replace(tk.GLUON_FP8_CONFIG, sum_mma=False)  # the vector row sums
     for s in (128, 256, 1024):
@@ -416,11 +416,10 @@ def split_spread():
             alone.append((qs, args, reference_on_device(*args)))
         draws.append(((q, k, v, cq, ck), alone))
 
-    saved = {n: getattr(tk, n) for n in ("GLUON_MIN_MEAN_KEYS", "GLUON_SEVERAL_MIN_MEAN_KEYS",
-                                         "GLUON_PERSISTENT_MIN_MEAN_KEYS",
+    saved = {n: getattr(tk, n) for n in ("GLUON_MIN_MEAN_KEYS", "GLUON_PERSISTENT_MIN_MEAN_KEYS",
                                          "GLUON_FP8_CONFIG", "GLUON_FP8_PERSISTENT_CONFIG")}
     try:
-        tk.GLUON_MIN_MEAN_KEYS = tk.GLUON_SEVERAL_MIN_MEAN_KEYS = 0
+        tk.GLUON_MIN_MEAN_KEYS = 0
         for form, several in (("one CTA", float("inf")), ("persistent", 0)):
             tk.GLUON_PERSISTENT_MIN_MEAN_KEYS = several
             for sums in (False, True):

@@ -58,7 +58,6 @@ def phase1(request, monkeypatch, device):
         persistent = 0 if request.param == "gluon-persistent" else float("inf")
         for prefix in ("GLUON_", "GLUON_BF16_"):
             monkeypatch.setattr(tk, prefix + "MIN_MEAN_KEYS", 0)
-            monkeypatch.setattr(tk, prefix + "SEVERAL_MIN_MEAN_KEYS", 0)
             monkeypatch.setattr(tk, prefix + "PERSISTENT_MIN_MEAN_KEYS", persistent)
         knob = {"gluon-longest-first": {"longest_first": True},
                 "gluon-persistent": {"sum_mma": tk.GLUON_FP8_PERSISTENT_CONFIG.sum_mma},
@@ -70,7 +69,7 @@ def phase1(request, monkeypatch, device):
                 monkeypatch.setattr(tk, name, replace(getattr(tk, name), **knob))
     else:
         for prefix in ("GLUON_", "GLUON_BF16_"):
-            for name in ("MIN_MEAN_KEYS", "SEVERAL_MIN_MEAN_KEYS", "PERSISTENT_MIN_MEAN_KEYS"):
+            for name in ("MIN_MEAN_KEYS", "PERSISTENT_MIN_MEAN_KEYS"):
                 monkeypatch.setattr(tk, prefix + name, float("inf"))
     return request.param
 

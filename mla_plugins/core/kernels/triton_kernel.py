@@ -147,20 +147,19 @@ def gluon_reasons(device: torch.device) -> list[str]:
 #: 12 warps) wins there; on short slices the portable kernel's two CTAs per SM hide each
 #: slice's prologue and epilogue. H200, GPU time (CUDA graphs), benchmarks/NOTES.md:
 #: one sequence, mean keys per slice ~4200 (B1-S8192-H128) 1.13x the portable kernel,
-#: ~8300 (B1-S16384-H16) 1.17x, ~8000 (q512 over k8192) 1.24x; several sequences (stop 29,
-#: persistent): ~1100 (B8-S2048-H128) 1.03x, ~2100 (B4-S4096-H16) 1.12x; ~320 (B16-S512-H16)
-#: 0.85x. Several sequences now take one CTA per unit there, faster than persistent (stop 42).
-GLUON_MIN_MEAN_KEYS = 3072
-#: the same for batches of several sequences
-GLUON_SEVERAL_MIN_MEAN_KEYS = 1024
+#: ~8300 (B1-S16384-H16) 1.17x, ~8000 (q512 over k8192) 1.24x; ~320 (B16-S512-H16) 0.85x.
+#: Stop 42 (H100) brought the threshold down from 3072 to 1024 for one sequence, where
+#: several already had it: attention alone at ~1100 (B8-S2048-H128) 1.18x the portable
+#: kernel, same run; at ~1090 (B1-S2048-H8, split) 383 TFLOP/s (stop 41's variants) against
+#: the portable kernel's 314 (stop 42's final run, FA3 FP8 within 2% in both)
+GLUON_MIN_MEAN_KEYS = 1024
 #: where batches of several sequences take the persistent form (GLUON_FP8_PERSISTENT_CONFIG):
-#: nowhere (stop 42, above)
+#: nowhere (one CTA per unit ran 6-8% faster at the shapes that took it, stop 42)
 GLUON_PERSISTENT_MIN_MEAN_KEYS = float("inf")
-#: the same three for 16-bit inputs (GLUON_BF16_CONFIG): one CTA per unit at every shape (it
+#: the same two for 16-bit inputs (GLUON_BF16_CONFIG): one CTA per unit at every shape (it
 #: beat the portable kernel at all ten shapes of the H200 run, by 1.10-1.20x); persistent never
 #: (it lost to one CTA per unit at nine of ten, by up to 37% at B1-S2048-H8)
 GLUON_BF16_MIN_MEAN_KEYS = 0
-GLUON_BF16_SEVERAL_MIN_MEAN_KEYS = 0
 GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS = float("inf")
 
 
@@ -193,23 +192,20 @@ def default_config(device: torch.device, fp8: bool) -> TileConfig:
 
 def batch_config(device: torch.device, fp8: bool, cu_q, cu_k, causal: bool) -> TileConfig:
     """The phase-1 configuration for one batch: the Gluon kernel on Hopper where the batch's
-    slices are long (GLUON_MIN_MEAN_KEYS for one sequence, GLUON_SEVERAL_MIN_MEAN_KEYS for
-    several, which take the persistent form from GLUON_PERSISTENT_MIN_MEAN_KEYS; GLUON_BF16_*
-    in 16-bit), else `default_config`."""
+    slices are long (GLUON_MIN_MEAN_KEYS; GLUON_BF16_* in 16-bit), one CTA per unit, or
+    persistent for batches of several sequences from GLUON_PERSISTENT_MIN_MEAN_KEYS; else
+    `default_config`."""
     if device_kind(device) == "cuda" and not gluon_reasons(device):
         keys = mean_keys_per_slice(cu_q, cu_k, causal)
-        several_seqs = len(cu_q) > 2
         if fp8:
             config, persistent = GLUON_FP8_CONFIG, GLUON_FP8_PERSISTENT_CONFIG
-            one, several, persist = (GLUON_MIN_MEAN_KEYS, GLUON_SEVERAL_MIN_MEAN_KEYS,
-                                     GLUON_PERSISTENT_MIN_MEAN_KEYS)
+            one, persist = GLUON_MIN_MEAN_KEYS, GLUON_PERSISTENT_MIN_MEAN_KEYS
         else:
             config, persistent = GLUON_BF16_CONFIG, GLUON_BF16_PERSISTENT_CONFIG
-            one, several, persist = (GLUON_BF16_MIN_MEAN_KEYS, GLUON_BF16_SEVERAL_MIN_MEAN_KEYS,
-                                     GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS)
-        if several_seqs and keys >= persist:
+            one, persist = GLUON_BF16_MIN_MEAN_KEYS, GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS
+        if len(cu_q) > 2 and keys >= persist:
             return persistent
-        if keys >= (several if several_seqs else one):
+        if keys >= one:
             return config
     return default_config(device, fp8)
 
