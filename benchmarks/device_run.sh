@@ -83,6 +83,9 @@
 #   bash benchmarks/device_run.sh dev42b  # sum_mma the fp8 default, one CTA per unit for several
 #                                         # sequences: test_triton.py, then B8-S2048-H128's forms
 #                                         # beside the portable kernel
+#   bash benchmarks/device_run.sh dev43   # the one-sequence threshold (stop 42: 1024 keys): the
+#                                         # portable and the Gluon kernel at the one-sequence
+#                                         # shapes around it, beside FA3 FP8
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -91,7 +94,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -639,6 +642,16 @@ PY
             --shapes B8-S2048-H128 --out "$out/variants-dev42b.json" > "$out/variants-dev42b.log" 2>&1 || status=1
         summarize_variants "$out/variants-dev42b.log"
         ;;
+    dev43)
+        # stop 42's threshold change for one sequence (3072 -> 1024 mean keys per slice),
+        # measured on both sides: B1-S1024-H16 (~580 keys, stays portable), B1-S2048-H8 and
+        # B1-S2048-H16 (~1090, now Gluon), each in both kernels with its own split plan
+        timeout 200 python3 benchmarks/prefill.py --variants \
+            --variant-filter "triton 64x64 w4 s4,gluon 128x128 s4 q_tma late sum_mma" \
+            --shapes B1-S1024-H16,B1-S2048-H8 --out "$out/variants-dev43.json" \
+            > "$out/variants-dev43.log" 2>&1 || status=1
+        summarize_variants "$out/variants-dev43.log"
+        ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)
         all_gpu_tests 540 8
@@ -686,7 +699,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac
