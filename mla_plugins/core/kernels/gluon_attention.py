@@ -30,7 +30,9 @@ launches one per SM looping over the units in a fixed zigzag order, longest firs
 groups of heads whose k/v fit in the L2. Its first form (all heads of a slice in turn:
 the CTAs running at once read every head's k/v) lost 10-25% to the dynamic scheduling at
 the long shapes; the grouped order wins on batches of several sequences (+5-18%) and is
-within -5..+2% on one (benchmarks/NOTES.md), so `batch_config` takes it for the former.
+within -5..+2% on one (benchmarks/NOTES.md), so `batch_config` took it for the former until
+stop 42, when one CTA per unit with the later knobs (q by TMA, the late rescale, the row sums
+by the tensor cores) measured 6-8% faster there.
 
 Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
 64K registers: 240 per consumer thread, 24 per producer thread. In 16-bit mode P's operand
