@@ -103,7 +103,7 @@ BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
 #: alone in GPU time: +1-3% at B1-S8192-H128, B4-S4096-H16, B8-S2048-H128, B16-S512-H16), the
 #: accumulator rescaled after the next q k^T is issued (stop 29, two runs: +0.5-3.7% at those
 #: four large shapes, -1% at B16-S512-H16), the row sums by the tensor cores (sum_mma: H100,
-#: stops 41-42, +1.8-5.6% at eight shapes; its errors against float64 within 3e-4 of the
+#: stops 41-42, +2.1-5.6% at nine shapes; its errors against float64 within 3e-4 of the
 #: vector sums'; benchmarks/NOTES.md)
 GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=4, gluon=True,
                               q_tma=True, rescale_late=True, sum_mma=True)
