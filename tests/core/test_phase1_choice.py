@@ -58,17 +58,17 @@ def test_gluon_only_for_long_slices(monkeypatch):
     assert tk.batch_config(dev, True, long_cu, long_cu, True) is tk.GLUON_FP8_CONFIG
     assert tk.batch_config(dev, True, short_cu, short_cu, True) == tk.FP8_CONFIG
     # one sequence of 1024 (mean keys ~580): short slices; one of 2048 (~1090) or eight: the
-    # Gluon kernel, one CTA per unit (the persistent form only where its threshold is set, as
-    # the GPU tests' gluon-persistent does)
+    # Gluon kernel, one CTA per unit
     assert tk.batch_config(dev, True, _cu([1024]), _cu([1024]), True) == tk.FP8_CONFIG
     assert tk.batch_config(dev, True, _cu([2048]), _cu([2048]), True) is tk.GLUON_FP8_CONFIG
     assert tk.batch_config(dev, True, _cu([2048] * 8), _cu([2048] * 8), True) is tk.GLUON_FP8_CONFIG
-    monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS", 0)
-    several = tk.batch_config(dev, True, _cu([2048] * 8), _cu([2048] * 8), True)
-    assert several.gluon and several.persistent and not several.q_tma
-    assert tk.batch_config(dev, True, long_cu, long_cu, True) is tk.GLUON_FP8_CONFIG
-    monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS", float("inf"))
     for cu in (long_cu, short_cu, _cu([2048] * 8), _cu([1])):
         assert tk.batch_config(dev, False, cu, cu, True) is tk.GLUON_BF16_CONFIG
     # a short query over a long cached prefix: long slices
     assert tk.batch_config(dev, True, _cu([512]), _cu([8192]), True) is tk.GLUON_FP8_CONFIG
+    # the persistent form only where its threshold is set (as the GPU tests' gluon-persistent
+    # does), and only for several sequences
+    monkeypatch.setattr(tk, "GLUON_PERSISTENT_MIN_MEAN_KEYS", 0)
+    several = tk.batch_config(dev, True, _cu([2048] * 8), _cu([2048] * 8), True)
+    assert several.gluon and several.persistent and not several.q_tma
+    assert tk.batch_config(dev, True, long_cu, long_cu, True) is tk.GLUON_FP8_CONFIG
