@@ -106,6 +106,12 @@ else
     export PYTHONPATH=.
 fi
 status=0
+# the card's short name for the results file and the dispatch table it writes (bench, final):
+# mla_plugins.core.dispatch.TABLES decides which table a card reads, prefill.py holds to it
+card_name() {
+    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -q H100 \
+        && echo h100 || echo h200
+}
 # the rotation's three runs, logs and JSON named by $1: quant_bench with $2, rotation_cost
 # with $3, the rotation's GPU tests (word splitting of $2 and $3 intended)
 rotation_calls() {
@@ -190,18 +196,21 @@ case "$stage" in
         tail -25 "$out/prefill-smoke.log"
         ;;
     bench)
-        python3 benchmarks/prefill.py --out "$out/h200.json" \
-            --dispatch-out mla_plugins/core/dispatch_h200.json 2>&1 | tee "$out/prefill.log" || status=1
-        cp mla_plugins/core/dispatch_h200.json "$out/" || status=1
+        card=$(card_name)
+        python3 benchmarks/prefill.py --out "$out/$card.json" \
+            --dispatch-out "mla_plugins/core/dispatch_$card.json" 2>&1 | tee "$out/prefill.log" || status=1
+        cp "mla_plugins/core/dispatch_$card.json" "$out/" || status=1
         ;;
     final)
         # the benchmark without its serving section (bounded), then the serving section merged
-        # into the same file (prefill.py --serving-only); the GPU tests are `verify`'s
-        timeout 440 python3 benchmarks/prefill.py --no-serving --out "$out/h200.json" \
-            --dispatch-out mla_plugins/core/dispatch_h200.json > "$out/prefill.log" 2>&1 || status=1
-        cp mla_plugins/core/dispatch_h200.json "$out/" 2>/dev/null
+        # into the same file (prefill.py --serving-only); the GPU tests are `verify`'s. Results
+        # and table named for the card: h100.json and dispatch_h100.json on an H100
+        card=$(card_name)
+        timeout 440 python3 benchmarks/prefill.py --no-serving --out "$out/$card.json" \
+            --dispatch-out "mla_plugins/core/dispatch_$card.json" > "$out/prefill.log" 2>&1 || status=1
+        cp "mla_plugins/core/dispatch_$card.json" "$out/" 2>/dev/null
         tail -45 "$out/prefill.log"
-        timeout 140 python3 benchmarks/prefill.py --serving-only --out "$out/h200.json" \
+        timeout 140 python3 benchmarks/prefill.py --serving-only --out "$out/$card.json" \
             > "$out/serving.log" 2>&1 || status=1
         tail -3 "$out/serving.log"
         ;;

@@ -692,6 +692,18 @@ def ratios(row, gemm):
 
 def main_bench(args):
     device = torch.device("cuda")
+    if args.dispatch_out:
+        # refused before the run, not after it: a table written under another card's name
+        # would steer kernel="auto" on cards this one does not stand for
+        from mla_plugins.core import dispatch
+
+        props = torch.cuda.get_device_properties(device)
+        expected = dispatch.table_file((props.major, props.minor), props.name)
+        if os.path.basename(args.dispatch_out) != expected:
+            sys.exit(f"--dispatch-out {args.dispatch_out}: measured on {props.name} (sm_"
+                     f"{props.major}{props.minor}), this card's table is "
+                     f"{expected or 'none (dispatch.TABLES names no file for it)'}; "
+                     f"name that file, or add the card to dispatch.TABLES")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     result = {"env": environment(),
               "command": "PYTHONPATH=. python benchmarks/prefill.py " + " ".join(sys.argv[1:])}
@@ -715,7 +727,7 @@ def main_bench(args):
         # the table kernel="auto" will read, then the auto columns again with it: what the
         # committed table gives (the first auto figures, with the table the tree had, stay
         # under "auto_before_table")
-        write_dispatch(result, args.dispatch_out)
+        write_dispatch(result, args.dispatch_out, os.path.basename(args.out))
         from mla_plugins.core import dispatch
 
         dispatch._load.cache_clear()
@@ -792,14 +804,15 @@ def _rotate_default() -> bool:
     return rotation_applies(DQK, None)
 
 
-def write_dispatch(result, path):
+def write_dispatch(result, path, results_name):
     """The dispatch table kernel='auto' reads (mla_plugins/core/dispatch.py): each shape's
-    work, mean query length and the GPU time of every measured (kernel, mode)."""
+    work, mean query length and the GPU time of every measured (kernel, mode). `results_name`:
+    the results file it comes from, as committed under benchmarks/results/."""
     entries = [{"shape": r["shape"], "work": r["work"], "mean_q": r["mean_q"],
                 "gpu_us": {**r["dispatch_gpu_us"], **plain_fp8(r)}}
                for r in result["shapes"] if r.get("dispatch_gpu_us")]
     table = {"device": result["env"]["gpu"], "capability": list(torch.cuda.get_device_capability()),
-             "source": "benchmarks/results/h200.json (benchmarks/prefill.py --dispatch-out)",
+             "source": f"benchmarks/results/{results_name} (benchmarks/prefill.py --dispatch-out)",
              "command": result["command"], "entries": entries}
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
@@ -875,8 +888,10 @@ def main():
                     help="with --variants: the 16-bit variants, beside FA3 bf16")
     ap.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
     ap.add_argument("--dispatch-out", default="",
-                    help="also write the dispatch table kernel='auto' reads (e.g. "
-                         "mla_plugins/core/dispatch_h200.json)")
+                    help="also write the dispatch table kernel='auto' reads, named for the card "
+                         "it is measured on (mla_plugins.core.dispatch.TABLES: "
+                         "mla_plugins/core/dispatch_h100.json on an H100, dispatch_h200.json on "
+                         "an H200)")
     ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy section")
     ap.add_argument("--auto-only", action="store_true",
                     help="kernel='auto' (fp8, bf16) and the FA3 peers its goals divide by, every "

@@ -2,8 +2,9 @@
 the device, committed with the benchmark that measured it.
 
 `kernel="auto"` asks the registry for every kernel that can run the inputs; where a table
-exists for the device's architecture (today: Hopper, `dispatch_h200.json`, written by
-`benchmarks/prefill.py --dispatch-out`), the choice is the variant that measured fastest on
+exists for the device (today: Hopper, `dispatch_h100.json` for H100s and `dispatch_h200.json`
+for every other sm_90 GPU, each written by `benchmarks/prefill.py --dispatch-out` on that
+card), the choice is the variant that measured fastest on
 the measured shape nearest to the batch, nearest in log2 of its work (visible (query, key)
 pairs times heads, the quantity every kernel's time grows with) and then in its mean query
 length. A variant is (kernel, mode), fp8 measured with and without the rotation of q and k
@@ -26,8 +27,12 @@ import torch
 
 logger = logging.getLogger("mla_plugins.dispatch")
 
-#: compute capability -> table file in this package (measured on that architecture's GPU)
-TABLES = {(9, 0): "dispatch_h200.json"}
+#: compute capability -> ((device-name substring, table file in this package), ...): the first
+#: whose substring the device's name holds; "" matches any card of that capability. The H100
+#: and the H200 share sm_90 but not memory bandwidth (3.0 against 4.3 TB/s measured), which
+#: moves the quantization's share of a batch, so a table measured on one is kept for it; each
+#: file's "device" names the card it was measured on (tests/core/test_dispatch.py holds them to it).
+TABLES = {(9, 0): (("H100", "dispatch_h100.json"), ("", "dispatch_h200.json"))}
 
 
 @dataclass(frozen=True)
@@ -79,11 +84,25 @@ def _load(filename: str) -> Table | None:
         return None
 
 
+def table_file(capability: tuple[int, int], device_name: str) -> str | None:
+    """The table file for a card of this capability and name (`TABLES`), or None."""
+    for needle, filename in TABLES.get(tuple(capability), ()):
+        if needle in device_name:
+            return filename
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _file_for_index(index: int) -> str | None:
+    props = torch.cuda.get_device_properties(index)
+    return table_file((props.major, props.minor), props.name)
+
+
 def table_for(device: torch.device) -> Table | None:
-    """The committed table for this device's architecture, or None (CPU, ROCm, other GPUs)."""
+    """The committed table for this device, or None (CPU, ROCm, other GPUs)."""
     if device.type != "cuda" or torch.version.hip or not torch.cuda.is_available():
         return None
-    name = TABLES.get(tuple(torch.cuda.get_device_capability(device)))
+    name = _file_for_index(device.index if device.index is not None else torch.cuda.current_device())
     return _load(name) if name else None
 
 
@@ -138,4 +157,4 @@ def rank(table: Table | None, cu_q, cu_k, heads: int, causal: bool,
     return ranked
 
 
-__all__ = ["TABLES", "Entry", "Table", "batch_work", "parse_table", "rank", "table_for"]
+__all__ = ["TABLES", "Entry", "Table", "batch_work", "parse_table", "rank", "table_file", "table_for"]

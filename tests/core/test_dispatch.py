@@ -79,14 +79,36 @@ def test_malformed_tables_are_refused_by_name(bad):
         dispatch.parse_table(bad)
 
 
-def test_the_committed_table_parses():
+COMMITTED = [(cap, needle, name) for cap, rows in dispatch.TABLES.items() for needle, name in rows]
+
+
+@pytest.mark.parametrize(("cap", "needle", "name"), COMMITTED, ids=[r[2] for r in COMMITTED])
+def test_each_committed_table_parses_and_was_measured_on_its_card(cap, needle, name):
     from importlib import resources
 
-    path = resources.files("mla_plugins.core").joinpath(dispatch.TABLES[(9, 0)])
-    if not path.is_file():
-        pytest.skip("no dispatch table committed yet")
-    t = dispatch.parse_table(json.loads(path.read_text()))
+    path = resources.files("mla_plugins.core").joinpath(name)
+    assert path.is_file(), f"{name} is named in dispatch.TABLES but not in the package"
+    data = json.loads(path.read_text())
+    t = dispatch.parse_table(data)
     assert t.entries and all(e.gpu_us for e in t.entries)
+    assert tuple(data["capability"]) == cap
+    # a table written on another card than the one it is chosen for would steer auto wrongly
+    assert needle in t.device, f"{name} was measured on {t.device!r}, chosen for {needle!r} cards"
+    if needle == "":
+        others = [n for c, n, _ in COMMITTED if c == cap and n]
+        assert not any(n in t.device for n in others), f"{name}: {t.device!r} has its own table"
+
+
+@pytest.mark.parametrize(("cap", "card", "expected"), [
+    ((9, 0), "NVIDIA H100 80GB HBM3", "dispatch_h100.json"),
+    ((9, 0), "NVIDIA H100 NVL", "dispatch_h100.json"),
+    ((9, 0), "NVIDIA H200", "dispatch_h200.json"),
+    ((9, 0), "NVIDIA H800", "dispatch_h200.json"),  # no table of its own: the other sm_90 one
+    ((8, 0), "NVIDIA A100-SXM4-80GB", None),
+    ((10, 0), "NVIDIA B200", None),
+])
+def test_the_table_follows_the_card(cap, card, expected):
+    assert dispatch.table_file(cap, card) == expected
 
 
 class FastKernel(TorchKernel):
