@@ -285,7 +285,8 @@ def variant_configs(fp8: bool) -> dict:
     pingpong), with the other rescale place (`rescale_late`), and fp8's persistent form; in
     fp8 each of the three with `sum_mma` the other way from the default (the row sums by the
     tensor cores: stop 36, right since stop 40). Stop 36 also measured part of the
-    exponentials on the FMA pipe (slower; removed, NOTES).
+    exponentials on the FMA pipe (slower; removed, NOTES). Stop 43: k and v on barriers of
+    their own (`split_kv`), and 16-bit 128-key steps over two stages with and without it.
     Stop 28's runs measured the step, ring and q_tma choices, stop 29's the rescale's place
     and loading each unit's fields a unit ahead (NOTES)."""
     from dataclasses import replace
@@ -304,17 +305,21 @@ def variant_configs(fp8: bool) -> dict:
         knobs = ({}, {"rescale_late": False}, {"persistent": True, "q_tma": False,
                                                  "rescale_late": False},
                  {"sum_mma": other}, {"sum_mma": other, "rescale_late": False},
-                 {"sum_mma": other, "persistent": True, "q_tma": False, "rescale_late": False})
+                 {"sum_mma": other, "persistent": True, "q_tma": False, "rescale_late": False},
+                 {"split_kv": not base.split_kv})
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
         base = GLUON_BF16_CONFIG
-        knobs = ({}, {"rescale_late": True})
+        n128 = {"block_n": 128, "num_stages": 2}
+        knobs = ({}, {"rescale_late": True}, {"split_kv": not base.split_kv}, n128,
+                 {**n128, "split_kv": True}, {**n128, "split_kv": True, "pingpong": False},
+                 {**n128, "split_kv": True, "rescale_late": True})
     for knob in knobs:
         cfg = replace(base, **knob)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{cfg.num_stages}"
                 f"{' pingpong' if cfg.pingpong else ''}{' persistent' if cfg.persistent else ''}"
                 f"{' q_tma' if cfg.q_tma else ''}{' late' if cfg.rescale_late else ''}"
-                f"{' sum_mma' if cfg.sum_mma else ''}"] = cfg
+                f"{' sum_mma' if cfg.sum_mma else ''}{' split_kv' if cfg.split_kv else ''}"] = cfg
     return configs
 
 

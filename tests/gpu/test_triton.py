@@ -28,7 +28,7 @@ CASES = LENGTH_CASES
 
 @pytest.fixture(autouse=True, params=[
     "portable", "gluon", "gluon-longest-first", "gluon-persistent", "gluon-q-loads",
-    "gluon-rescale-off", "gluon-sum-vector",
+    "gluon-rescale-off", "gluon-sum-vector", "gluon-split-kv", "gluon-bf16-n128",
 ])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
@@ -39,8 +39,10 @@ def phase1(request, monkeypatch, device):
     takes one CTA, and the isolation test compares bytes), with the q blocks loaded by the
     consumers (q_tma off; the producer's TMA by default), with the accumulator rescaled before
     the next block's q k^T is issued (rescale_late off; fp8's default rescales after that
-    issue, 16-bit's before), and with fp8's row sums by the vector units (sum_mma off; the
-    tensor cores by default, 16-bit ignores it)."""
+    issue, 16-bit's before), with fp8's row sums by the vector units (sum_mma off; the
+    tensor cores by default, 16-bit ignores it), with k and v on barriers of their own
+    (split_kv), and 16-bit in 128-key steps over two stages with split_kv (P carried packed,
+    `gluon_attention._carry`; fp8 steps 128 keys already)."""
     from collections import OrderedDict
     from dataclasses import replace
 
@@ -63,10 +65,14 @@ def phase1(request, monkeypatch, device):
                 "gluon-persistent": {"sum_mma": tk.GLUON_FP8_PERSISTENT_CONFIG.sum_mma},
                 "gluon-q-loads": {"q_tma": False},
                 "gluon-rescale-off": {"rescale_late": False},
-                "gluon-sum-vector": {"sum_mma": False}}.get(request.param)
+                "gluon-sum-vector": {"sum_mma": False},
+                "gluon-split-kv": {"split_kv": True}}.get(request.param)
         if knob:
             for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
                 monkeypatch.setattr(tk, name, replace(getattr(tk, name), **knob))
+        if request.param == "gluon-bf16-n128":
+            monkeypatch.setattr(tk, "GLUON_BF16_CONFIG", replace(
+                tk.GLUON_BF16_CONFIG, block_n=128, num_stages=2, split_kv=True))
     else:
         for prefix in ("GLUON_", "GLUON_BF16_"):
             for name in ("MIN_MEAN_KEYS", "PERSISTENT_MIN_MEAN_KEYS"):

@@ -160,11 +160,40 @@ if gluon is not None:
         fence_async_shared()
 
     @gluon.jit
-    def _operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+    def _carry(p, KV_DTYPE: gl.constexpr, PACKED: gl.constexpr):
+        """What a block's P (float32) is carried in to the next block's P @ V: float32 (fp8,
+        and 16-bit 64-key steps), or (PACKED: 16-bit 128-key steps) its 16-bit values two to
+        an int32 register: 32 registers a thread instead of 64, which 128-key steps need to
+        fit in 240 (Triton holds a loop-carried 16-bit tensor one value to a register and
+        repacks it before the product, so the pairs are packed and unpacked here by hand)."""
+        if PACKED:
+            a, b = gl.split(gl.reshape(p, [p.shape[0], p.shape[1] // 2, 2]))
+            CVT: gl.constexpr = ("cvt.rn.bf16x2.f32 $0, $2, $1;" if KV_DTYPE == gl.bfloat16
+                                 else "cvt.rn.f16x2.f32 $0, $2, $1;")
+            return gl.inline_asm_elementwise(CVT, "=r,r,r", [a, b], dtype=gl.int32, is_pure=True,
+                                             pack=1)
+        else:
+            return p
+
+    @gluon.jit
+    def _operand(p, KV_DTYPE: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr,
+                 PACKED: gl.constexpr):
         """The carried P as `_pv` takes it: fp8, float32 still (cast at the product, into the
-        operand's registers); 16-bit, the A operand."""
+        operand's registers); 16-bit, the A operand (PACKED: unpacked from `_carry`'s pairs,
+        a move ptxas folds)."""
         if FP8:
             return p
+        elif PACKED:
+            if KV_DTYPE == gl.bfloat16:
+                lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p],
+                                                   dtype=(gl.bfloat16, gl.bfloat16), is_pure=True,
+                                                   pack=1)
+            else:
+                lo, hi = gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r", [p],
+                                                   dtype=(gl.float16, gl.float16), is_pure=True,
+                                                   pack=1)
+            x = gl.reshape(gl.join(lo, hi), [p.shape[0], 2 * p.shape[1]])
+            return gl.convert_layout(x, p_layout)
         else:
             return gl.convert_layout(p.to(KV_DTYPE), p_layout)
 
@@ -295,14 +324,14 @@ if gluon is not None:
 
     @gluon.jit
     def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready,
-                      empty, turn, q_ready, q_empty, qph, it0, Q, sq_t, sq_h, QScales, sqs_t, Out,
+                      empty, vready, vempty, turn, q_ready, q_empty, qph, it0, Q, sq_t, sq_h, QScales, sqs_t, Out,
                       so_t, so_h, Lse, sl_t,
                       sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
                       qo_end, kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal,
                       has_lse, qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                       FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr,
-                      ones_smem, SUM_MMA: gl.constexpr):
+                      ones_smem, SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
         FP8: q, k, v block-scaled fp8 (the block scales applied per key block); else 16-bit.
         Q_TMA: the q block arrives in `q_n_smem`/`q_r_smem` by the producer's TMA (`q_ready`,
@@ -326,9 +355,15 @@ if gluon is not None:
         folded into l8 (float32 registers, every column the row sum: 4 FFMA a thread a block)
         with the block's alpha, instead of 64 FADD a thread a block; so l sums the fp8 P that
         P @ V multiplies. Its factor is alpha alone (the v scale change is acc's only).
+
+        SPLIT_KV: k and v of a stage arrive and are released apart (`ready`/`empty` for k,
+        `vready`/`vempty` for v: FA3's two pipelines). k is released as soon as its q k^T has
+        completed, a block before its v, so the producer's next k load does not wait for a
+        P @ V; else one `ready` covers the stage and it is released after its P @ V.
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
+        PACKED: gl.constexpr = (not FP8) and BLOCK_N == 128  # `_carry`
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, K_INSTR])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -389,7 +424,7 @@ if gluon is not None:
         # it before every P @ V: ~180 more instructions per block, 11-14% slower on the H200
         # (benchmarks/NOTES.md, stop 27). 16-bit: cast to its operand before the next block's
         # q k^T is issued (`_operand`)
-        p = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
+        p = _carry(gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout), KV_DTYPE, PACKED)
         c_v = gl.to_tensor(1.0)  # the v scale acc is kept in (loop-carried float32)
         # RESCALE_LATE: the factor acc takes before the next P @ V (acc is 0 until the first)
         fac = gl.full([HALF_G], 1.0, gl.float32, row_s)
@@ -416,9 +451,12 @@ if gluon is not None:
             else:
                 blk_scale = scale
             s = warpgroup_mma_wait(0, deps=(s_tok,))
+            if SPLIT_KV:
+                mbarrier.arrive(empty.index(st), count=1)
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start, rows, kv_end,
                                                 kv_offset, causal, n_full == 0, P_SHIFT, col_s,
                                                 BLOCK_N)
+            p = _carry(p, KV_DTYPE, PACKED)
 
         # each block's two scales are loaded one step ahead (their latency off the critical path)
         SSTEP: gl.constexpr = BLOCK_N // 16
@@ -436,7 +474,7 @@ if gluon is not None:
                 blk_scale = scale
             it = it0 + j
             st = it % NUM_STAGES
-            p_op = _operand(p, KV_DTYPE, p_layout, FP8)
+            p_op = _operand(p, KV_DTYPE, p_layout, FP8, PACKED)
             mbarrier.wait(ready.index(st), (it // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turn.index(WG), (it + 1 - WG) & 1)
@@ -444,6 +482,8 @@ if gluon is not None:
                                   use_acc=False, is_async=True)
             s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
             prev = (it - 1) % NUM_STAGES
+            if SPLIT_KV:
+                mbarrier.wait(vready.index(prev), ((it - 1) // NUM_STAGES) & 1)
             if RESCALE_LATE:
                 acc = acc * gl.convert_layout(fac, row_o)[:, None]
             if SUM_MMA:
@@ -459,11 +499,17 @@ if gluon is not None:
                 l8 = l8 * gl.convert_layout(fac_l, row_l)[:, None] + blk_l
             else:
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
+            if SPLIT_KV:
+                mbarrier.arrive(empty.index(st), count=1)
             p, m_i, l_i, alpha = _softmax_block(s, m_i, l_i, blk_scale, kv_start + j * BLOCK_N,
                                                 rows, kv_end, kv_offset, causal, j >= n_full,
                                                 P_SHIFT, col_s, BLOCK_N)
+            p = _carry(p, KV_DTYPE, PACKED)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            mbarrier.arrive(empty.index(prev), count=1)
+            if SPLIT_KV:
+                mbarrier.arrive(vempty.index(prev), count=1)
+            else:
+                mbarrier.arrive(empty.index(prev), count=1)
             if FP8:
                 # acc is kept in units of the last block's v scale (triton_attention's rule)
                 f = alpha * (c_v / s_v)
@@ -482,6 +528,8 @@ if gluon is not None:
             mbarrier.arrive(q_empty, count=1)
         if n_total > 0:
             last = (it0 + n_total - 1) % NUM_STAGES
+            if SPLIT_KV:
+                mbarrier.wait(vready.index(last), ((it0 + n_total - 1) // NUM_STAGES) & 1)
             if not FP8:
                 # the last block may reach past the unit's keys (module doc: isolation)
                 tail = kv_end - (kv_start + (n_total - 1) * BLOCK_N)
@@ -495,10 +543,13 @@ if gluon is not None:
                 acc, blk_l = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
                 l8 = l8 * gl.convert_layout(fac_l, row_l)[:, None] + blk_l
             else:
-                o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8), vt_bufs.index(last), acc,
+                o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8, PACKED), vt_bufs.index(last), acc,
                             KV_DTYPE, p_layout, BLOCK_N, FP8)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            mbarrier.arrive(empty.index(last), count=1)
+            if SPLIT_KV:
+                mbarrier.arrive(vempty.index(last), count=1)
+            else:
+                mbarrier.arrive(empty.index(last), count=1)
 
         if SUM_MMA:
             # every column holds it, bit for bit (`_softmax_block`'s FADD sums are then dead:
@@ -527,7 +578,7 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty,
-                  q_ready, q_empty,
+                  vready, vempty, q_ready, q_empty,
                   turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc, order,
                   Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t,
                   spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
@@ -535,7 +586,7 @@ if gluon is not None:
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
                   Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr, ones_smem,
-                  SUM_MMA: gl.constexpr):
+                  SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
         for k in range(_rounds(num_units, PERSISTENT)):
@@ -546,30 +597,50 @@ if gluon is not None:
             sc = _unit_scales(QScales, sqs_t, sbase, ss_w, m0 + WG * HALF_G, head, qo_end, n_total,
                               FP8, BLOCK_N)
             if valid:
-                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, turn,
+                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, vready,
+                              vempty, turn,
                               q_ready, q_empty, qph, it,
                               Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal, has_lse,
                               qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA,
-                              RESCALE_LATE, ones_smem, SUM_MMA)
+                              RESCALE_LATE, ones_smem, SUM_MMA, SPLIT_KV)
                 if Q_TMA:
                     qph += 1
             it += n_total
 
     @gluon.jit
-    def _producer(QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty, q_ready,
-                  q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+    def _load_k(KN, KR, kn_bufs, kr_bufs, bar, st, row, col):
+        """k nope and k rope of one key block (rows from `row`, head at column `col`) into
+        stage `st`, completing on `bar[st]`."""
+        tma.async_copy_global_to_shared(KN, [row, col], bar.index(st), kn_bufs.index(st))
+        tma.async_copy_global_to_shared(KR, [row, col + NOPE_G], bar.index(st), kr_bufs.index(st))
+
+    @gluon.jit
+    def _load_v(VT, vt_bufs, bar, st, row, vcol, head, vh_stride, FP8: gl.constexpr):
+        """v of one key block into stage `st`, completing on `bar[st]`: fp8, vt8's [Dv, keys]
+        box at column `vcol`; 16-bit, the caller's rows from `row`, head at h * vh_stride."""
+        if FP8:
+            tma.async_copy_global_to_shared(VT, [head * DV_G, vcol], bar.index(st), vt_bufs.index(st))
+        else:
+            tma.async_copy_global_to_shared(VT, [row, head * vh_stride], bar.index(st),
+                                            vt_bufs.index(st))
+
+    @gluon.jit
+    def _producer(QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty, vready,
+                  vempty, q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                   causal, order, qh_stride, kh_stride, vh_stride, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr,
-                  FP8: gl.constexpr, Q_TMA: gl.constexpr):
+                  FP8: gl.constexpr, Q_TMA: gl.constexpr, SPLIT_KV: gl.constexpr):
         """Fills the ring: per key block, k nope, k rope and v (fp8: packed k8 and vt8 from
         the quantization; 16-bit: the caller's k and v, head h's features at column
         h * kh_stride and h * vh_stride of their 2D [T, span] descriptors). Q_TMA: before a
         unit's key blocks, each consumer group's q block (its two descriptors, head h at
-        column h * qh_stride) into that group's q buffer, once the group released it."""
-        nbytes: gl.constexpr = (KN.block_type.nbytes + KR.block_type.nbytes
-                                + VT.block_type.nbytes)
+        column h * qh_stride) into that group's q buffer, once the group released it.
+        SPLIT_KV: k and v on their own barriers, in the order the consumers use them (FA3's):
+        k of block j + 1 before v of block j, whose P @ V is issued after q k^T of block j + 1."""
+        kbytes: gl.constexpr = KN.block_type.nbytes + KR.block_type.nbytes
+        nbytes: gl.constexpr = kbytes + VT.block_type.nbytes
         qbytes: gl.constexpr = QN.block_type.nbytes + QR.block_type.nbytes
         it = 0
         qph = 0
@@ -590,26 +661,35 @@ if gluon is not None:
                                                              head * qh_stride + NOPE_G],
                                                         q_ready.index(g), q_r.index(g))
                     qph += 1
-            for j in range(n_total):
-                st = it % NUM_STAGES
-                # a fresh mbarrier counts as having completed phase 1: the first round passes
-                mbarrier.wait(empty.index(st), ((it // NUM_STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(st), nbytes)
-                row = kv_start + j * BLOCK_N
-                if FP8:
-                    col = head * (NOPE_G + ROPE_G)
-                else:
-                    col = head * kh_stride
-                tma.async_copy_global_to_shared(KN, [row, col], ready.index(st), kn_bufs.index(st))
-                tma.async_copy_global_to_shared(KR, [row, col + NOPE_G], ready.index(st),
-                                                kr_bufs.index(st))
-                if FP8:
-                    tma.async_copy_global_to_shared(VT, [head * DV_G, vcol0 + j * BLOCK_N],
-                                                    ready.index(st), vt_bufs.index(st))
-                else:
-                    tma.async_copy_global_to_shared(VT, [row, head * vh_stride], ready.index(st),
-                                                    vt_bufs.index(st))
-                it += 1
+            if FP8:
+                col = head * (NOPE_G + ROPE_G)
+            else:
+                col = head * kh_stride
+            if SPLIT_KV:
+                for j in range(n_total + 1):
+                    if j < n_total:
+                        st = (it + j) % NUM_STAGES
+                        # a fresh mbarrier counts as having completed phase 1: the first round passes
+                        mbarrier.wait(empty.index(st), (((it + j) // NUM_STAGES) & 1) ^ 1)
+                        mbarrier.expect(ready.index(st), kbytes)
+                        _load_k(KN, KR, kn_bufs, kr_bufs, ready, st, kv_start + j * BLOCK_N, col)
+                    if j > 0:
+                        sv = (it + j - 1) % NUM_STAGES
+                        mbarrier.wait(vempty.index(sv), (((it + j - 1) // NUM_STAGES) & 1) ^ 1)
+                        mbarrier.expect(vready.index(sv), VT.block_type.nbytes)
+                        _load_v(VT, vt_bufs, vready, sv, kv_start + (j - 1) * BLOCK_N,
+                                vcol0 + (j - 1) * BLOCK_N, head, vh_stride, FP8)
+                it += n_total
+            else:
+                for j in range(n_total):
+                    st = it % NUM_STAGES
+                    # a fresh mbarrier counts as having completed phase 1: the first round passes
+                    mbarrier.wait(empty.index(st), ((it // NUM_STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(st), nbytes)
+                    _load_k(KN, KR, kn_bufs, kr_bufs, ready, st, kv_start + j * BLOCK_N, col)
+                    _load_v(VT, vt_bufs, ready, st, kv_start + j * BLOCK_N, vcol0 + j * BLOCK_N,
+                            head, vh_stride, FP8)
+                    it += 1
 
     @gluon.jit(do_not_specialize=["ss_w", "sl_t", "sl_h", "spl_t", "spl_h", "num_units",
                                   "num_tiles", "num_sub", "heads_pc", "causal", "has_lse",
@@ -623,7 +703,7 @@ if gluon is not None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
-        RESCALE_LATE: gl.constexpr, SUM_MMA: gl.constexpr,
+        RESCALE_LATE: gl.constexpr, SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -665,12 +745,21 @@ if gluon is not None:
             ones = vt_bufs
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        if SPLIT_KV:  # v's own barriers
+            vready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            vempty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        else:  # passed along, never used: `ready`/`empty` cover the whole stage
+            vready = ready
+            vempty = empty
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
+            if SPLIT_KV:
+                mbarrier.init(vready.index(i), count=1)
+                mbarrier.init(vempty.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
             mbarrier.init(q_ready.index(i), count=1)
@@ -678,19 +767,19 @@ if gluon is not None:
 
         gl.warp_specialize([
             (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ready, empty,
-                         q_ready.index(0), q_empty.index(0), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                         vready, vempty, q_ready.index(0), q_empty.index(0), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA)),
+                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA, SPLIT_KV)),
             (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
-                         q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
+                         vready, vempty, q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA)),
+                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA, SPLIT_KV)),
             (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
-                         q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
+                         vready, vempty, q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
                          num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,
-                         BLOCK_N, NUM_STAGES, PERSISTENT, FP8, Q_TMA)),
+                         BLOCK_N, NUM_STAGES, PERSISTENT, FP8, Q_TMA, SPLIT_KV)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -77,7 +77,9 @@ class TileConfig:
     by the consumers' pointer loads; rescale_late the Gluon consumer's accumulator rescaled
     after the next block's q k^T is issued (FA3's order) rather than before it; sum_mma (Gluon
     fp8 only) the softmax's row sums by the tensor cores (P @ ones beside each P @ V) rather
-    than 64 FADD a thread a key block.
+    than 64 FADD a thread a key block; split_kv (Gluon) k and v of a ring stage on barriers of
+    their own, k released once its q k^T is done (FA3's two pipelines) rather than the stage
+    after its P @ V.
     """
 
     block_m: int = 128
@@ -93,6 +95,7 @@ class TileConfig:
     q_tma: bool = False
     rescale_late: bool = False
     sum_mma: bool = False
+    split_kv: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -413,7 +416,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
         NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
         PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
         FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late,
-        SUM_MMA=config.sum_mma and fp8, num_warps=ga.NUM_WARPS,
+        SUM_MMA=config.sum_mma and fp8, SPLIT_KV=config.split_kv, num_warps=ga.NUM_WARPS,
         maxnreg=ga.MAXNREG,
     )
 
