@@ -16,9 +16,11 @@ One CTA computes one `BLOCK_M` = 128-row slice of one work item for one head, in
 warp-specialized partitions (`gl.warp_specialize`):
 - a producer warp issues the TMA loads of each `BLOCK_N`-key block (k nope, k rope, v; in
   fp8 v transposed and the block one k and one v scale block of core/fp8.py) into a ring of
-  `NUM_STAGES` shared-memory stages, one `ready` mbarrier per stage;
+  `NUM_STAGES` shared-memory stages, one `ready` mbarrier per stage (`SPLIT_KV`: one for k
+  and one for v, k of the next block loaded before v of this one, FA3's order);
 - two consumer warpgroups, one per 64-row q block (the block of core/fp8.py's scaling rule),
-  read every stage; each releases it (`empty`, two arrivals) once its P @ V is done. A
+  read every stage; each releases it (`empty`, two arrivals) once its P @ V is done
+  (`SPLIT_KV`: k once its q k^T is done, v once its P @ V is). A
   consumer loads its q block into shared memory (the wgmma A operand) and overlaps the
   softmax of key block j with the P @ V product of block j - 1 (async wgmma: FA3's
   intra-warpgroup pipelining). The two warpgroups synchronize with nothing but the stages;
@@ -36,10 +38,11 @@ by the tensor cores) measured 6-8% faster there.
 
 Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup included) share
 64K registers: 240 per consumer thread, 24 per producer thread. In 16-bit mode P's operand
-takes 32 registers a thread (fp8: 16), so 128-key steps spill there (float32 P, its operand
-and the next block's in-flight scores together); `GLUON_BF16_CONFIG` steps 64 keys (no
-spill). Stop 28 measured 128-key steps with P carried packed two values to a register (3
-spills): 0.62-0.82x FA3 bf16 against 0.79-1.06x (benchmarks/NOTES.md); that form is gone.
+takes 32 registers a thread (fp8: 16), so 128-key steps carry P packed two values to a
+register (`_carry`: float32 P, its operand and the next block's in-flight scores do not fit
+together); `GLUON_BF16_CONFIG` steps 64 keys. Stop 28 measured 128-key steps over two
+stages at 0.62-0.82x FA3 bf16 against 0.79-1.06x for 64-key steps over four; stop 43 brought
+them back with `SPLIT_KV` (benchmarks/NOTES.md).
 
 Both warpgroups consume every stage in the same order: a key block past one group's
 diagonal (the second group's rows reach 64 keys further) is computed masked to nothing.
