@@ -94,7 +94,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -664,15 +664,35 @@ PY
     dev43b)
         # stop 43: 16-bit 128-key steps over two stages with k and v on barriers of their own
         # (split_kv): their GPU tests (the phase-1 param), then the 16-bit variants beside FA3
-        # bf16 at two large shapes (cut to fit the device time left)
+        # bf16 at two large shapes (cut to fit the device time left). As run in stop 43 the
+        # tests were -k "gluon-bf16-n128", the param for that form before it became the default
+        # (every Gluon param now runs it)
         timeout -s INT -k 10 90 python3 -m pytest tests/gpu/test_triton.py -q -rfE -p no:cacheprovider \
-            --maxfail=5 -k "gluon-bf16-n128" > "$out/gpu-tests-split.log" 2>&1 || status=1
+            --maxfail=5 -k "gluon" > "$out/gpu-tests-split.log" 2>&1 || status=1
         tail -8 "$out/gpu-tests-split.log"
         timeout 150 python3 benchmarks/prefill.py --variants --bf16 \
             --variant-filter "gluon 128x64 s4 pingpong q_tma,gluon 128x128 s2 pingpong q_tma split_kv,gluon 128x128 s2 q_tma split_kv" \
             --shapes B1-S8192-H128,B8-S2048-H128 \
             --out "$out/variants-bf16-dev43b.json" > "$out/variants-bf16-dev43b.log" 2>&1 || status=1
         summarize_variants "$out/variants-bf16-dev43b.log"
+        ;;
+    dev43c)
+        # stop 43, after dev43b (run then as inline commands, the 16-bit default patched in
+        # the copy): the 16-bit default against stop 28's at five more shapes, every 16-bit
+        # Gluon GPU test, fp8 with and without split_kv at two large shapes
+        timeout 200 python3 benchmarks/prefill.py --variants --bf16 \
+            --variant-filter "gluon 128x64 s4 pingpong q_tma,gluon 128x128 s2 q_tma split_kv" \
+            --shapes B1-S16384-H16,B4-S4096-H16,B1-S1024-H16,B16-S512-H16,chunked-q512-k8192-H16 \
+            --out "$out/variants-bf16-dev43c.json" > "$out/variants-bf16-dev43c.log" 2>&1 || status=1
+        summarize_variants "$out/variants-bf16-dev43c.log"
+        timeout -s INT -k 10 130 python3 -m pytest tests/gpu/test_triton.py -q -rfE -p no:cacheprovider \
+            --maxfail=5 -k "bf16 and gluon" > "$out/gpu-tests-bf16.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-bf16.log"
+        timeout 100 python3 benchmarks/prefill.py --variants \
+            --variant-filter "gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma late sum_mma split_kv" \
+            --shapes B1-S8192-H128,B8-S2048-H128 \
+            --out "$out/variants-fp8-dev43c.json" > "$out/variants-fp8-dev43c.log" 2>&1 || status=1
+        summarize_variants "$out/variants-fp8-dev43c.log"
         ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)
@@ -721,7 +741,7 @@ PY
             2>&1 | tee "$out/variants.log" || status=1
         ;;
     *)
-        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, final29, final29b, verify, profile, last or variants)" >&2
+        echo "unknown stage $stage (check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, final29, final29b, verify, profile, last or variants)" >&2
         exit 2
         ;;
 esac

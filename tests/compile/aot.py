@@ -3,7 +3,8 @@
 `triton.compile(ASTSource(...), target=GPUTarget(...))` runs the whole backend (ttgir, llir,
 then ptxas or the AMDGPU backend) without a GPU. Resource figures come from what it emits:
 - CUDA: `cuobjdump --dump-resource-usage` on the cubin (REG, STACK) and `nvdisasm`'s count
-  of local-memory stores (STL): a spill is a nonzero stack or any STL;
+  of local-memory stores (STL): a spill is a nonzero stack or any STL; for the Gluon
+  attention kernel also the local loads and stores inside its key loops (`key_loop_spills`);
 - AMD: the `.vgpr_count`, `.vgpr_spill_count`, `.sgpr_spill_count`, `ScratchSize` and
   `Occupancy` lines of the amdgcn text: a spill is a nonzero VGPR spill count or scratch
   (SGPR spills go to VGPR lanes, not memory, and are reported but allowed).
@@ -247,7 +248,7 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
                 + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else "")
-                + (" sum_mma" if c["SUM_MMA"] else ""))
+                + (" sum_mma" if c["SUM_MMA"] else "") + (" split_kv" if c["SPLIT_KV"] else ""))
     pdl = " pdl" if c.get("PDL") else ""
     if fn.__name__ == "_gluon_cast_kernel":
         return f"heads cast rotate gluon w{c['num_warps']}" + pdl
@@ -281,7 +282,7 @@ def scenarios(arch: str) -> list[dict]:
                 # the Gluon kernel on 16-bit inputs: packed, vLLM's v view, persistent
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.GLUON_BF16_CONFIG, layout="vllm"),
-                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, persistent=True)),
+                dict(fp8=False, config=tk.GLUON_BF16_PERSISTENT_CONFIG),
                 # q loaded by the consumers (TileConfig.q_tma off, prefill.py --variants)
                 dict(fp8=True, config=replace(g, q_tma=False)),
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=False), layout="vllm"),
@@ -290,7 +291,15 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True)),
                 # the row sums the other way from the default (TileConfig.sum_mma, fp8 only)
                 dict(fp8=True, config=replace(g, sum_mma=not g.sum_mma)),
-                dict(fp8=True, config=replace(g, sum_mma=not g.sum_mma, rescale_late=False))]
+                dict(fp8=True, config=replace(g, sum_mma=not g.sum_mma, rescale_late=False)),
+                # k and v on barriers of their own the other way from each default
+                # (TileConfig.split_kv), and 16-bit's other step (stop 28's default: 64 keys
+                # over four stages, pingpong)
+                dict(fp8=True, config=replace(g, split_kv=not g.split_kv)),
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG,
+                                               split_kv=not tk.GLUON_BF16_CONFIG.split_kv)),
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, block_n=64, num_stages=4,
+                                               pingpong=True, split_kv=False))]
     else:
         runs = []
         for fp8 in (True, False):
@@ -382,9 +391,41 @@ def compile_spec(spec: Spec) -> Result:
             r"F2FP\S* (R\d+), (R\d+), (R\d+), (R\d+)", sass) if m.group(2) == m.group(3)]
         res.extra["e4m3_one_words"] = sass.count("0x38383838")
         res.extra["mma"] = len(re.findall(r"\bHMMA\b", sass))
+        res.extra["key_loops"], res.extra["key_loop_spills"] = key_loop_spills(sass)
         warps = spec.total_warps or spec.options["num_warps"]
         res.occupancy = _cuda_occupancy(res.regs, warps * 32, res.shared)
     return res
+
+
+def key_loop_spills(sass: str) -> tuple[int, list[str]]:
+    """(key loops found, local loads and stores inside them) of an nvdisasm listing: a key
+    loop is an innermost loop that issues tensor-core products (HGMMA/QGMMA), a loop a
+    backward branch from the function's body (the out-of-line mbarrier retry stubs after its
+    last EXIT branch back without looping, so they are left out)."""
+    insts, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        m = re.match(r"^\s*(\.L_x_\d+):", line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*)", line)
+        if m:
+            a = int(m.group(1), 16)
+            labels.update((label, a) for label in pending)
+            pending = []
+            insts.append((a, m.group(2)))
+    exits = [a for a, t in insts if re.search(r"\bEXIT\b", t)]
+    body_end = max(exits) if exits else (insts[-1][0] if insts else 0)
+    loops = [(labels[m.group(1)], a) for a, t in insts if a <= body_end
+             for m in [re.search(r"\bBRA\s+`\((\.L_x_\d+)\)", t)]
+             if m and labels.get(m.group(1), a + 1) <= a]
+    mma = [(lo, hi) for lo, hi in loops
+           if any(lo <= a <= hi and re.search(r"\b[HQ]GMMA\b", t) for a, t in insts)]
+    inner = [(lo, hi) for lo, hi in mma
+             if not any((l2, h2) != (lo, hi) and lo <= l2 and h2 <= hi for l2, h2 in mma)]
+    spills = [t for a, t in insts if re.search(r"\b(STL|LDL)\b", t)
+              and any(lo <= a <= hi for lo, hi in inner)]
+    return len(inner), spills
 
 
 def table(results: list[Result]) -> str:

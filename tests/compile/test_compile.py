@@ -26,11 +26,26 @@ SPECS = aot.all_specs()
 def test_compiles_without_spills(spec):
     res = aot.compile_spec(spec)
     assert res.regs, f"{spec.name} on {spec.arch}: no register count found in the compiler output"
-    assert not res.spilled, (
-        f"{spec.name} on {spec.arch} spills: {res.spills} spill instructions, {res.stack} bytes "
-        f"of stack/scratch at {res.regs} registers; choose another configuration in "
-        "triton_attention.ARCH_CONFIGS (or the kernel's launch) for this arch"
-    )
+    if spec.fn.__name__ == "mla_prefill_gluon_kernel" and spec.arch == "sm_90":
+        # the Gluon attention at 240 registers a consumer thread: ptxas may park a value of the
+        # kernel's shared prologue (the sign-extended high word of an int32 stride) in local
+        # memory and reload it once a unit, in the epilogue (the 16-bit 128-key default, stop
+        # 43: one 4-byte word; with q loaded by the consumers, three; benchmarks/NOTES.md).
+        # Nothing may spill inside the key loops, and no more than four words outside them
+        assert res.extra["key_loops"] >= 2, (
+            f"{spec.name}: {res.extra['key_loops']} key loops found in its SASS (two consumer "
+            "partitions expected): the listing's format changed, key_loop_spills sees nothing")
+        assert not res.extra["key_loop_spills"], (
+            f"{spec.name} spills inside its key loops: {res.extra['key_loop_spills'][:4]}")
+        assert res.stack <= 16, (
+            f"{spec.name} spills {res.spills} STL, {res.stack} bytes of stack at {res.regs} "
+            "registers (16 allowed outside the key loops: prologue words reloaded once a unit)")
+    else:
+        assert not res.spilled, (
+            f"{spec.name} on {spec.arch} spills: {res.spills} spill instructions, {res.stack} "
+            f"bytes of stack/scratch at {res.regs} registers; choose another configuration in "
+            "triton_attention.ARCH_CONFIGS (or the kernel's launch) for this arch"
+        )
     rotating = "rotate" in spec.name and "bound" not in spec.name
     mma_sync = rotating and ("kron" in spec.name or "gluon" in spec.name)
     if spec.arch == "sm_90" and (spec.gluon or rotating) and not mma_sync:
@@ -171,3 +186,27 @@ def test_dense_and_gluon_casts_share_pass_one(warps, monkeypatch):
     (dense, dense_cast), (glu, glu_cast) = launches("dense"), launches("gluon")
     assert dense == glu == [th.BOUND_WARPS_ROTATED], (dense, glu)
     assert dense_cast == [th.WARPS_ROTATED] and glu_cast, (dense_cast, glu_cast)
+
+
+def test_key_loop_spills_reads_loops_and_skips_retry_stubs():
+    """`aot.key_loop_spills` on a listing shaped like nvdisasm's: a local load inside an
+    innermost loop that issues HGMMA counts; one before the loop, and the mbarrier retry stub
+    after EXIT that branches back into the body, do not."""
+    sass = """
+        /*0000*/                   LDL R1, [R1] ;
+.L_x_1:
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0020*/                   LDL R2, [R1+0x4] ;
+        /*0030*/              @P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0040*/                   STG.E desc[UR4][R2.64], R3 ;
+        /*0050*/                   EXIT ;
+.L_x_3:
+        /*0060*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R2 ;
+        /*0070*/                   LDL R5, [R1+0x8] ;
+        /*0080*/                   BRA `(.L_x_1) ;
+"""
+    loops, spills = aot.key_loop_spills(sass)
+    assert loops == 1
+    assert spills == ["LDL R2, [R1+0x4] ;"]
+    assert aot.key_loop_spills(sass.replace("HGMMA.64x128x16.F32.BF16", "FFMA"))[0] == 0

@@ -28,7 +28,7 @@ CASES = LENGTH_CASES
 
 @pytest.fixture(autouse=True, params=[
     "portable", "gluon", "gluon-longest-first", "gluon-persistent", "gluon-q-loads",
-    "gluon-rescale-off", "gluon-sum-vector", "gluon-split-kv", "gluon-bf16-n128",
+    "gluon-rescale-off", "gluon-sum-vector", "gluon-split-kv", "gluon-bf16-n64",
 ])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
@@ -40,9 +40,10 @@ def phase1(request, monkeypatch, device):
     consumers (q_tma off; the producer's TMA by default), with the accumulator rescaled before
     the next block's q k^T is issued (rescale_late off; fp8's default rescales after that
     issue, 16-bit's before), with fp8's row sums by the vector units (sum_mma off; the
-    tensor cores by default, 16-bit ignores it), with k and v on barriers of their own
-    (split_kv), and 16-bit in 128-key steps over two stages with split_kv (P carried packed,
-    `gluon_attention._carry`; fp8 steps 128 keys already)."""
+    tensor cores by default, 16-bit ignores it), with k and v on barriers of their own the
+    other way from each default (split_kv: 16-bit's default since stop 43, not fp8's), and
+    16-bit in stop 28's 64-key steps over four stages, pingpong, one barrier a stage (the
+    default since: 128-key steps over two, P carried packed, `gluon_attention._carry`)."""
     from collections import OrderedDict
     from dataclasses import replace
 
@@ -66,13 +67,15 @@ def phase1(request, monkeypatch, device):
                 "gluon-q-loads": {"q_tma": False},
                 "gluon-rescale-off": {"rescale_late": False},
                 "gluon-sum-vector": {"sum_mma": False},
-                "gluon-split-kv": {"split_kv": True}}.get(request.param)
+                "gluon-split-kv": "flip"}.get(request.param)
         if knob:
             for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
-                monkeypatch.setattr(tk, name, replace(getattr(tk, name), **knob))
-        if request.param == "gluon-bf16-n128":
+                config = getattr(tk, name)
+                monkeypatch.setattr(tk, name, replace(config, **(
+                    {"split_kv": not config.split_kv} if knob == "flip" else knob)))
+        if request.param == "gluon-bf16-n64":
             monkeypatch.setattr(tk, "GLUON_BF16_CONFIG", replace(
-                tk.GLUON_BF16_CONFIG, block_n=128, num_stages=2, split_kv=True))
+                tk.GLUON_BF16_CONFIG, block_n=64, num_stages=4, pingpong=True, split_kv=False))
     else:
         for prefix in ("GLUON_", "GLUON_BF16_"):
             for name in ("MIN_MEAN_KEYS", "PERSISTENT_MIN_MEAN_KEYS"):
@@ -586,14 +589,14 @@ def test_torch_kernel_on_cuda(fp8, device):
 def test_gluon_persistent_grouped_order(group, fp8, phase1, monkeypatch, device):
     """The persistent Gluon kernel over heads in L2 groups of `group` (the last one partial
     at 3 of 8 heads): every unit exactly once, against float64."""
-    from dataclasses import replace
 
     from mla_plugins.core.kernels import triton_kernel as tk
 
     if phase1 != "gluon":
         pytest.skip("one run: the persistent configuration is set here")
-    for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
-        monkeypatch.setattr(tk, name, replace(getattr(tk, name), persistent=True))
+    # the persistent forms as batch_config launches them (GLUON_*_PERSISTENT_CONFIG)
+    monkeypatch.setattr(tk, "GLUON_FP8_CONFIG", tk.GLUON_FP8_PERSISTENT_CONFIG)
+    monkeypatch.setattr(tk, "GLUON_BF16_CONFIG", tk.GLUON_BF16_PERSISTENT_CONFIG)
     monkeypatch.setattr(tk, "_gluon_order", lambda config, plan, heads_pc, device, kv_bytes=1: group)
     lens_q, lens_k = [300, 1, 700], [300, 129, 900]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 8, device=device)

@@ -118,14 +118,21 @@ GLUON_FP8_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=
 #: -2..-4% there, stop 29), the vector row sums (with sum_mma ptxas spills 8 bytes, stop 41)
 GLUON_FP8_PERSISTENT_CONFIG = replace(GLUON_FP8_CONFIG, persistent=True, q_tma=False,
                                       rescale_late=False, sum_mma=False)
-#: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 64-key steps over four
-#: stages, the two consumer warpgroups taking turns (H200, stop 28, GPU time: 1.10-1.20x the
-#: portable kernel at every shape; pingpong +0-2.5% at 8 of 10 shapes, -1% at two; 128-key
-#: steps over two stages 0.62-0.82x FA3 bf16 against 0.79-1.06x; q by the producer's TMA
-#: +1-5% at five of six shapes, -1% at B1-S1024-H16; benchmarks/NOTES.md)
-GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=4, gluon=True,
-                               pingpong=True, q_tma=True)
-GLUON_BF16_PERSISTENT_CONFIG = replace(GLUON_BF16_CONFIG, persistent=True, q_tma=False)
+#: Hopper 16-bit (sm_90): the Gluon kernel on the caller's q, k, v, 128-key steps over two
+#: stages with k and v on barriers of their own (split_kv: a stage's k is released once its
+#: q k^T is done, so the next k load does not wait for a P @ V), P carried packed (`_carry`),
+#: no pingpong. H100, stop 43, GPU time against stop 28's 64-key steps over four stages with
+#: pingpong: +9.2 / +8.3 / +7.3 / +5.8% at B1-S8192-H128, B1-S16384-H16, B4-S4096-H16,
+#: B8-S2048-H128, +6.4% at chunked-q512-k8192-H16, +1.6% at B1-S1024-H16, -1.1% at
+#: B16-S512-H16 (pingpong -1.5% and -0.0% at the two shapes measured with it; 128-key steps
+#: without split_kv lost to 64-key ones on the H200 in stop 28, 0.62-0.82x FA3 bf16; q by the
+#: producer's TMA +1-5% at five of six shapes, stop 28; benchmarks/NOTES.md)
+GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=2, gluon=True,
+                               q_tma=True, split_kv=True)
+#: its persistent form (never a default: GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS) keeps stop 28's
+#: 64-key steps: with 128-key steps and split_kv it spills 40 bytes outside the key loop (sm_90)
+GLUON_BF16_PERSISTENT_CONFIG = replace(GLUON_BF16_CONFIG, persistent=True, q_tma=False,
+                                       block_n=64, num_stages=4, pingpong=True, split_kv=False)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
