@@ -66,13 +66,13 @@ def phase1(request, monkeypatch, device):
                 "gluon-persistent": {"sum_mma": tk.GLUON_FP8_PERSISTENT_CONFIG.sum_mma},
                 "gluon-q-loads": {"q_tma": False},
                 "gluon-rescale-off": {"rescale_late": False},
-                "gluon-sum-vector": {"sum_mma": False},
-                "gluon-split-kv": "flip"}.get(request.param)
-        if knob:
-            for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
-                config = getattr(tk, name)
-                monkeypatch.setattr(tk, name, replace(config, **(
-                    {"split_kv": not config.split_kv} if knob == "flip" else knob)))
+                "gluon-sum-vector": {"sum_mma": False}}.get(request.param)
+        for name in ("GLUON_FP8_CONFIG", "GLUON_BF16_CONFIG"):
+            config = getattr(tk, name)
+            if request.param == "gluon-split-kv":  # each mode the other way from its default
+                knob = {"split_kv": not config.split_kv}
+            if knob:
+                monkeypatch.setattr(tk, name, replace(config, **knob))
         if request.param == "gluon-bf16-n64":
             monkeypatch.setattr(tk, "GLUON_BF16_CONFIG", replace(
                 tk.GLUON_BF16_CONFIG, block_n=64, num_stages=4, pingpong=True, split_kv=False))

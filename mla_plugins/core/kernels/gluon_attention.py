@@ -40,9 +40,10 @@ Register budget (`maxnreg` at launch): 12 warps (the producer's warpgroup includ
 64K registers: 240 per consumer thread, 24 per producer thread. In 16-bit mode P's operand
 takes 32 registers a thread (fp8: 16), so 128-key steps carry P packed two values to a
 register (`_carry`: float32 P, its operand and the next block's in-flight scores do not fit
-together); `GLUON_BF16_CONFIG` steps 64 keys. Stop 28 measured 128-key steps over two
-stages at 0.62-0.82x FA3 bf16 against 0.79-1.06x for 64-key steps over four; stop 43 brought
-them back with `SPLIT_KV` (benchmarks/NOTES.md).
+together). Stop 28 measured 128-key steps over two stages at 0.62-0.82x FA3 bf16 against
+0.79-1.06x for 64-key steps over four and took the latter; with `SPLIT_KV` the 128-key steps
+measured 5.8-9.2% faster than them at the large shapes, and `GLUON_BF16_CONFIG` takes them
+since stop 43 (benchmarks/NOTES.md).
 
 Both warpgroups consume every stage in the same order: a key block past one group's
 diagonal (the second group's rows reach 64 keys further) is computed masked to nothing.
@@ -362,7 +363,8 @@ if gluon is not None:
         SPLIT_KV: k and v of a stage arrive and are released apart (`ready`/`empty` for k,
         `vready`/`vempty` for v: FA3's two pipelines). k is released as soon as its q k^T has
         completed, a block before its v, so the producer's next k load does not wait for a
-        P @ V; else one `ready` covers the stage and it is released after its P @ V.
+        P @ V; else one `ready` covers the stage and it is released after its P @ V (`vempty`
+        is then `empty` itself).
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
@@ -509,10 +511,7 @@ if gluon is not None:
                                                 P_SHIFT, col_s, BLOCK_N)
             p = _carry(p, KV_DTYPE, PACKED)
             acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            if SPLIT_KV:
-                mbarrier.arrive(vempty.index(prev), count=1)
-            else:
-                mbarrier.arrive(empty.index(prev), count=1)
+            mbarrier.arrive(vempty.index(prev), count=1)
             if FP8:
                 # acc is kept in units of the last block's v scale (triton_attention's rule)
                 f = alpha * (c_v / s_v)
@@ -549,10 +548,7 @@ if gluon is not None:
                 o_tok = _pv(_operand(p, KV_DTYPE, p_layout, FP8, PACKED), vt_bufs.index(last), acc,
                             KV_DTYPE, p_layout, BLOCK_N, FP8)
                 acc = warpgroup_mma_wait(0, deps=(o_tok,))
-            if SPLIT_KV:
-                mbarrier.arrive(vempty.index(last), count=1)
-            else:
-                mbarrier.arrive(empty.index(last), count=1)
+            mbarrier.arrive(vempty.index(last), count=1)
 
         if SUM_MMA:
             # every column holds it, bit for bit (`_softmax_block`'s FADD sums are then dead:
@@ -751,7 +747,7 @@ if gluon is not None:
         if SPLIT_KV:  # v's own barriers
             vready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             vempty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        else:  # passed along, never used: `ready`/`empty` cover the whole stage
+        else:  # `ready`/`empty` cover the whole stage: v's release is the stage's
             vready = ready
             vempty = empty
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
