@@ -86,6 +86,9 @@
 #   bash benchmarks/device_run.sh dev43   # the one-sequence threshold (stop 42: 1024 keys): the
 #                                         # portable and the Gluon kernel at the one-sequence
 #                                         # shapes around it, beside FA3 FP8
+#   bash benchmarks/device_run.sh dev44   # the warpgroup barriers before mbarrier arrives and waits
+#                                         # removed from the Gluon kernel's PTX (lean_sync): its GPU
+#                                         # tests, its fp8 and 16-bit variants beside the defaults
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -94,7 +97,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -693,6 +696,24 @@ PY
             --shapes B1-S8192-H128,B8-S2048-H128 \
             --out "$out/variants-fp8-dev43c.json" > "$out/variants-fp8-dev43c.log" 2>&1 || status=1
         summarize_variants "$out/variants-fp8-dev43c.log"
+        ;;
+    dev44)
+        # stop 44: the Gluon kernel's PTX without the warpgroup barriers Triton puts before its
+        # mbarrier arrives and waits (TileConfig.lean_sync, gluon_sync): every test through
+        # it (the phase-1 param), then fp8 and 16-bit with it beside each default and FA3
+        timeout -s INT -k 10 110 python3 -m pytest tests/gpu/test_triton.py -q -rfE -p no:cacheprovider \
+            --maxfail=5 -k "gluon-lean-sync" > "$out/gpu-tests-lean.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-lean.log"
+        timeout 200 python3 benchmarks/prefill.py --variants \
+            --variant-filter "gluon 128x128 s4 q_tma late sum_mma,gluon 128x128 s4 q_tma late sum_mma lean,gluon 128x128 s4 q_tma late sum_mma split_kv lean" \
+            --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16 \
+            --out "$out/variants-fp8-dev44.json" > "$out/variants-fp8-dev44.log" 2>&1 || status=1
+        summarize_variants "$out/variants-fp8-dev44.log"
+        timeout 240 python3 benchmarks/prefill.py --variants --bf16 \
+            --variant-filter "gluon 128x128 s2 q_tma split_kv,gluon 128x128 s2 q_tma split_kv lean,gluon 128x128 s2 pingpong q_tma split_kv lean,gluon 128x128 s2 q_tma late split_kv lean" \
+            --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16 \
+            --out "$out/variants-bf16-dev44.json" > "$out/variants-bf16-dev44.log" 2>&1 || status=1
+        summarize_variants "$out/variants-bf16-dev44.log"
         ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)

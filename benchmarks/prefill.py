@@ -288,6 +288,9 @@ def variant_configs(fp8: bool) -> dict:
     exponentials on the FMA pipe (slower; removed, NOTES). Stop 43: k and v on barriers of
     their own (`split_kv`: the 16-bit default since, slower in fp8), and 16-bit 128-key steps
     over two stages (the 16-bit default since) against stop 28's 64-key steps over four.
+    Stop 44: the warpgroup barriers before the kernel's mbarrier arrives and waits removed
+    from its PTX (`lean_sync`): fp8 with it, alone and with split_kv (neutral, off); 16-bit's
+    default since, with the late rescale, each the other way.
     Stop 28's runs measured the step, ring and q_tma choices, stop 29's the rescale's place
     and loading each unit's fields a unit ahead (NOTES)."""
     from dataclasses import replace
@@ -307,20 +310,25 @@ def variant_configs(fp8: bool) -> dict:
                                                  "rescale_late": False},
                  {"sum_mma": other}, {"sum_mma": other, "rescale_late": False},
                  {"sum_mma": other, "persistent": True, "q_tma": False, "rescale_late": False},
-                 {"split_kv": not base.split_kv})
+                 {"split_kv": not base.split_kv}, {"lean_sync": not base.lean_sync},
+                 {"lean_sync": not base.lean_sync, "split_kv": not base.split_kv})
     else:
         configs = {"triton 128x64 w8 s3": BF16_CONFIG}
         base = GLUON_BF16_CONFIG
-        # stop 43's default (128-key steps over two stages, split_kv) with each knob the other
-        # way, and stop 28's (64-key steps over four stages, pingpong)
-        knobs = ({}, {"rescale_late": True}, {"pingpong": True}, {"split_kv": False},
-                 {"block_n": 64, "num_stages": 4, "pingpong": True, "split_kv": False})
+        # stop 44's (stop 43's with rescale_late and lean_sync) with each knob the other way,
+        # both off (stop 43's default), and stop 28's (64-key steps over four stages, pingpong)
+        knobs = ({}, {"rescale_late": False}, {"lean_sync": False},
+                 {"rescale_late": False, "lean_sync": False}, {"pingpong": True},
+                 {"split_kv": False},
+                 {"block_n": 64, "num_stages": 4, "pingpong": True, "split_kv": False,
+                  "rescale_late": False, "lean_sync": False})
     for knob in knobs:
         cfg = replace(base, **knob)
         configs[f"gluon {cfg.block_m}x{cfg.block_n} s{cfg.num_stages}"
                 f"{' pingpong' if cfg.pingpong else ''}{' persistent' if cfg.persistent else ''}"
                 f"{' q_tma' if cfg.q_tma else ''}{' late' if cfg.rescale_late else ''}"
-                f"{' sum_mma' if cfg.sum_mma else ''}{' split_kv' if cfg.split_kv else ''}"] = cfg
+                f"{' sum_mma' if cfg.sum_mma else ''}{' split_kv' if cfg.split_kv else ''}"
+                f"{' lean' if cfg.lean_sync else ''}"] = cfg
     return configs
 
 

@@ -36,6 +36,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 
+from mla_plugins.core.kernels import gluon_sync as gs
 from mla_plugins.core.kernels import triton_attention as ta
 from mla_plugins.core.kernels import triton_heads as th
 from mla_plugins.core.kernels import triton_kernel as tk
@@ -248,7 +249,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
                 f"s{c['NUM_STAGES']} ws"
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
                 + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else "")
-                + (" sum_mma" if c["SUM_MMA"] else "") + (" split_kv" if c["SPLIT_KV"] else ""))
+                + (" sum_mma" if c["SUM_MMA"] else "") + (" split_kv" if c["SPLIT_KV"] else "")
+                + (" lean" if c["LEAN_SYNC"] else ""))
     pdl = " pdl" if c.get("PDL") else ""
     if fn.__name__ == "_gluon_cast_kernel":
         return f"heads cast rotate gluon w{c['num_warps']}" + pdl
@@ -288,7 +290,8 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, q_tma=False), layout="vllm"),
                 # the accumulator's rescale in the other place (TileConfig.rescale_late)
                 dict(fp8=True, config=replace(g, rescale_late=False)),
-                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, rescale_late=True)),
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG,
+                                               rescale_late=not tk.GLUON_BF16_CONFIG.rescale_late)),
                 # the row sums the other way from the default (TileConfig.sum_mma, fp8 only)
                 dict(fp8=True, config=replace(g, sum_mma=not g.sum_mma)),
                 dict(fp8=True, config=replace(g, sum_mma=not g.sum_mma, rescale_late=False)),
@@ -299,7 +302,14 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG,
                                                split_kv=not tk.GLUON_BF16_CONFIG.split_kv)),
                 dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG, block_n=64, num_stages=4,
-                                               pingpong=True, split_kv=False))]
+                                               pingpong=True, split_kv=False, rescale_late=False,
+                                               lean_sync=False)),
+                # the PTX's warpgroup barriers before mbarrier arrives and waits (TileConfig.
+                # lean_sync, gluon_sync) the other way from each default (16-bit with q stored
+                # by the consumers, lean: the scenario above without q_tma)
+                dict(fp8=True, config=replace(g, lean_sync=not g.lean_sync)),
+                dict(fp8=False, config=replace(tk.GLUON_BF16_CONFIG,
+                                               lean_sync=not tk.GLUON_BF16_CONFIG.lean_sync))]
     else:
         runs = []
         for fp8 in (True, False):
@@ -351,13 +361,22 @@ def _cuda_occupancy(regs: int, threads: int, shared: int) -> str:
     return f"{ctas} CTA/SM ({ctas * warps} warps)"
 
 
+def _constexpr(spec: Spec, name: str):
+    """The value of the kernel's constexpr parameter `name` in `spec` (None if absent)."""
+    index = spec.fn.arg_names.index(name)
+    return spec.constexprs.get((index,))
+
+
 def compile_spec(spec: Spec) -> Result:
     if spec.gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as source
     else:
         source = ASTSource
     src = source(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=spec.attrs)
-    k = triton.compile(src, target=TARGETS[spec.arch], options=spec.options)
+    # TileConfig.lean_sync: the launch compiles the Gluon kernel within gluon_sync.lean_compile
+    lean = spec.gluon and _constexpr(spec, "LEAN_SYNC")
+    with gs.lean_compile() if lean else contextlib.nullcontext():
+        k = triton.compile(src, target=TARGETS[spec.arch], options=spec.options)
     res = Result(spec, shared=int(getattr(k.metadata, "shared", 0) or 0))
     if "amdgcn" in k.asm:
         text = k.asm["amdgcn"]
@@ -392,6 +411,11 @@ def compile_spec(spec: Spec) -> Result:
         res.extra["e4m3_one_words"] = sass.count("0x38383838")
         res.extra["mma"] = len(re.findall(r"\bHMMA\b", sass))
         res.extra["key_loops"], res.extra["key_loop_spills"] = key_loop_spills(sass)
+        # named-barrier rendezvous (gluon_sync removes those before mbarrier arrives and waits)
+        res.extra["bar_sync"] = len(re.findall(r"\bBAR\.SYNC", sass))
+        res.extra["key_loop_bar_sync"] = sum(
+            bool(re.search(r"\bBAR\.SYNC", t)) for t in key_loop_instructions(sass)[1])
+        res.extra["barriers_removed"] = getattr(k.metadata, "mla_plugins_barriers_removed", 0)
         warps = spec.total_warps or spec.options["num_warps"]
         res.occupancy = _cuda_occupancy(res.regs, warps * 32, res.shared)
     return res
@@ -402,6 +426,13 @@ def key_loop_spills(sass: str) -> tuple[int, list[str]]:
     loop is an innermost loop that issues tensor-core products (HGMMA/QGMMA), a loop a
     backward branch from the function's body (the out-of-line mbarrier retry stubs after its
     last EXIT branch back without looping, so they are left out)."""
+    loops, body = key_loop_instructions(sass)
+    return loops, [t for t in body if re.search(r"\b(STL|LDL)\b", t)]
+
+
+def key_loop_instructions(sass: str) -> tuple[int, list[str]]:
+    """(key loops found, the instructions inside them) of an nvdisasm listing (key loops as
+    `key_loop_spills` finds them)."""
     insts, labels, pending = [], {}, []
     for line in sass.splitlines():
         m = re.match(r"^\s*(\.L_x_\d+):", line)
@@ -423,9 +454,7 @@ def key_loop_spills(sass: str) -> tuple[int, list[str]]:
            if any(lo <= a <= hi and re.search(r"\b[HQ]GMMA\b", t) for a, t in insts)]
     inner = [(lo, hi) for lo, hi in mma
              if not any((l2, h2) != (lo, hi) and lo <= l2 and h2 <= hi for l2, h2 in mma)]
-    spills = [t for a, t in insts if re.search(r"\b(STL|LDL)\b", t)
-              and any(lo <= a <= hi for lo, hi in inner)]
-    return len(inner), spills
+    return len(inner), [t for a, t in insts if any(lo <= a <= hi for lo, hi in inner)]
 
 
 def table(results: list[Result]) -> str:

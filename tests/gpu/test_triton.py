@@ -29,6 +29,7 @@ CASES = LENGTH_CASES
 @pytest.fixture(autouse=True, params=[
     "portable", "gluon", "gluon-longest-first", "gluon-persistent", "gluon-q-loads",
     "gluon-rescale-off", "gluon-sum-vector", "gluon-split-kv", "gluon-bf16-n64",
+    "gluon-lean-sync",
 ])
 def phase1(request, monkeypatch, device):
     """Every test through each phase-1 kernel: the portable Triton kernel, and (Hopper) the
@@ -38,12 +39,14 @@ def phase1(request, monkeypatch, device):
     sequences (with the vector row sums it runs with, stop 42, in both forms: a sequence alone
     takes one CTA, and the isolation test compares bytes), with the q blocks loaded by the
     consumers (q_tma off; the producer's TMA by default), with the accumulator rescaled before
-    the next block's q k^T is issued (rescale_late off; fp8's default rescales after that
-    issue, 16-bit's before), with fp8's row sums by the vector units (sum_mma off; the
+    the next block's q k^T is issued (rescale_late off; both defaults rescale after that
+    issue, 16-bit's since stop 44), with fp8's row sums by the vector units (sum_mma off; the
     tensor cores by default, 16-bit ignores it), with k and v on barriers of their own the
     other way from each default (split_kv: 16-bit's default since stop 43, not fp8's), and
     16-bit in stop 28's 64-key steps over four stages, pingpong, one barrier a stage (the
-    default since: 128-key steps over two, P carried packed, `gluon_attention._carry`)."""
+    default since: 128-key steps over two, P carried packed, `gluon_attention._carry`), and
+    with the PTX's warpgroup barriers before mbarrier arrives and waits removed the other way
+    from each default (lean_sync, `gluon_sync`: 16-bit's default since stop 44, not fp8's)."""
     from collections import OrderedDict
     from dataclasses import replace
 
@@ -71,11 +74,14 @@ def phase1(request, monkeypatch, device):
             config = getattr(tk, name)
             if request.param == "gluon-split-kv":  # each mode the other way from its default
                 knob = {"split_kv": not config.split_kv}
+            if request.param == "gluon-lean-sync":  # likewise
+                knob = {"lean_sync": not config.lean_sync}
             if knob:
                 monkeypatch.setattr(tk, name, replace(config, **knob))
         if request.param == "gluon-bf16-n64":
             monkeypatch.setattr(tk, "GLUON_BF16_CONFIG", replace(
-                tk.GLUON_BF16_CONFIG, block_n=64, num_stages=4, pingpong=True, split_kv=False))
+                tk.GLUON_BF16_CONFIG, block_n=64, num_stages=4, pingpong=True, split_kv=False,
+                rescale_late=False, lean_sync=False))
     else:
         for prefix in ("GLUON_", "GLUON_BF16_"):
             for name in ("MIN_MEAN_KEYS", "PERSISTENT_MIN_MEAN_KEYS"):

@@ -45,6 +45,11 @@ together). Stop 28 measured 128-key steps over two stages at 0.62-0.82x FA3 bf16
 measured 5.8-9.2% faster than them at the large shapes, and `GLUON_BF16_CONFIG` takes them
 since stop 43 (benchmarks/NOTES.md).
 
+Barriers: Triton 3.6 puts a 128-thread `bar.sync` before each consumer's mbarrier arrive and
+wait (two a key block in fp8, three in 16-bit with `SPLIT_KV`). `LEAN_SYNC` (a version
+number, 0 for off) marks a compile whose PTX `gluon_sync.lean_ptx` rewrites without them, as
+CUTLASS's pipelines release a stage from one thread; the kernel's code is the same either way.
+
 Both warpgroups consume every stage in the same order: a key block past one group's
 diagonal (the second group's rows reach 64 keys further) is computed masked to nothing.
 
@@ -703,6 +708,7 @@ if gluon is not None:
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
         RESCALE_LATE: gl.constexpr, SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr,
+        LEAN_SYNC: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub

@@ -14,6 +14,7 @@ kernels also run on the CPU (slowly; for tests of the kernels' logic).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -79,7 +80,9 @@ class TileConfig:
     fp8 only) the softmax's row sums by the tensor cores (P @ ones beside each P @ V) rather
     than 64 FADD a thread a key block; split_kv (Gluon) k and v of a ring stage on barriers of
     their own, k released once its q k^T is done (FA3's two pipelines) rather than the stage
-    after its P @ V.
+    after its P @ V; lean_sync (Gluon) the kernel's PTX without the 128-thread barriers
+    Triton puts before each mbarrier arrive and wait (`gluon_sync`), as CUTLASS's pipelines
+    release a stage from one thread.
     """
 
     block_m: int = 128
@@ -96,6 +99,7 @@ class TileConfig:
     rescale_late: bool = False
     sum_mma: bool = False
     split_kv: bool = False
+    lean_sync: bool = False
 
 
 #: CUDA defaults per compute mode (fp8 / 16-bit), see benchmarks/NOTES.md for the measurements;
@@ -126,13 +130,19 @@ GLUON_FP8_PERSISTENT_CONFIG = replace(GLUON_FP8_CONFIG, persistent=True, q_tma=F
 #: B8-S2048-H128, +6.4% at chunked-q512-k8192-H16, +1.6% at B1-S1024-H16, -1.1% at
 #: B16-S512-H16 (pingpong -1.5% and -0.0% at the two shapes measured with it; 128-key steps
 #: without split_kv lost to 64-key ones on the H200 in stop 28, 0.62-0.82x FA3 bf16; q by the
-#: producer's TMA +1-5% at five of six shapes, stop 28; benchmarks/NOTES.md)
+#: producer's TMA +1-5% at five of six shapes, stop 28). Stop 44 (H100, two runs): the
+#: accumulator rescaled after the next q k^T is issued with the PTX's warpgroup barriers
+#: before mbarrier arrives and waits removed (rescale_late, lean_sync) +0.2-3.3% at the four
+#: large shapes, +1.5% at chunked-q512-k8192-H16, -0.2% at B16-S512-H16; either alone
+#: -1.2..+1.3% (benchmarks/NOTES.md)
 GLUON_BF16_CONFIG = TileConfig(block_m=128, block_n=128, num_warps=4, num_stages=2, gluon=True,
-                               q_tma=True, split_kv=True)
+                               q_tma=True, split_kv=True, rescale_late=True, lean_sync=True)
 #: its persistent form (never a default: GLUON_BF16_PERSISTENT_MIN_MEAN_KEYS) keeps stop 28's
-#: 64-key steps: with 128-key steps and split_kv it spills 40 bytes outside the key loop (sm_90)
+#: 64-key steps: with 128-key steps and split_kv it spills 40 bytes outside the key loop
+#: (sm_90); the rescale in its old place, Triton's barriers kept (as measured in stop 28)
 GLUON_BF16_PERSISTENT_CONFIG = replace(GLUON_BF16_CONFIG, persistent=True, q_tma=False,
-                                       block_n=64, num_stages=4, pingpong=True, split_kv=False)
+                                       block_n=64, num_stages=4, pingpong=True, split_kv=False,
+                                       rescale_late=False, lean_sync=False)
 
 
 def gluon_reasons(device: torch.device) -> list[str]:
@@ -384,6 +394,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import gluon_attention as ga
+    from . import gluon_sync as gs
     from . import triton_attention as ta
     from . import triton_quant as tq
 
@@ -410,22 +421,26 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
     grid = (max(1, min(num_units, default_num_workers(q.device))) if config.persistent
             else num_units,)
     lse_arg = lse if lse is not None else partial_lse
-    ga.mla_prefill_gluon_kernel[grid](
-        q, qnd, qrd, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
-        q.stride(0), q.stride(1), v.stride(0) if fp8 else 0, scales.stride(0) if fp8 else 0,
-        q_scales.stride(0) if fp8 else 0,
-        out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
-        partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
-        inputs.softmax_scale * ta.LOG2E, num_units, num_tiles, num_sub, heads_pc, int(plan.causal),
-        int(lse is not None), _gluon_order(config, plan, heads_pc, q.device, 1 if fp8 else 2),
-        kh, vh,
-        KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
-        NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
-        PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
-        FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late,
-        SUM_MMA=config.sum_mma and fp8, SPLIT_KV=config.split_kv, num_warps=ga.NUM_WARPS,
-        maxnreg=ga.MAXNREG,
-    )
+    # lean_sync: the kernel's PTX without the warpgroup barriers before its mbarrier arrives
+    # and waits, when this launch compiles it (gluon_sync)
+    with gs.lean_compile() if config.lean_sync else contextlib.nullcontext():
+        ga.mla_prefill_gluon_kernel[grid](
+            q, qnd, qrd, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
+            q.stride(0), q.stride(1), v.stride(0) if fp8 else 0, scales.stride(0) if fp8 else 0,
+            q_scales.stride(0) if fp8 else 0,
+            out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
+            partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
+            inputs.softmax_scale * ta.LOG2E, num_units, num_tiles, num_sub, heads_pc, int(plan.causal),
+            int(lse is not None), _gluon_order(config, plan, heads_pc, q.device, 1 if fp8 else 2),
+            kh, vh,
+            KV_DTYPE=kv_dtype, P_SHIFT=p_shift, BLOCK_M=config.block_m, BLOCK_N=bn,
+            NUM_STAGES=config.num_stages, CONSUMER_REGS=ga.CONSUMER_REGS,
+            PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
+            FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late,
+            SUM_MMA=config.sum_mma and fp8, SPLIT_KV=config.split_kv,
+            LEAN_SYNC=gs.VERSION if config.lean_sync else 0, num_warps=ga.NUM_WARPS,
+            maxnreg=ga.MAXNREG,
+        )
 
 
 def _gluon_order(config: TileConfig, plan: PrefillPlan, heads_pc: int, device,
