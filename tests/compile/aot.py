@@ -363,8 +363,8 @@ def _cuda_occupancy(regs: int, threads: int, shared: int) -> str:
 
 def _constexpr(spec: Spec, name: str):
     """The value of the kernel's constexpr parameter `name` in `spec` (None if absent)."""
-    index = spec.fn.arg_names.index(name)
-    return spec.constexprs.get((index,))
+    names = spec.fn.arg_names
+    return spec.constexprs.get((names.index(name),)) if name in names else None
 
 
 def compile_spec(spec: Spec) -> Result:
