@@ -36,8 +36,9 @@ def phase1(request, monkeypatch, device):
     Gluon kernel, fp8 and 16-bit, for every batch (its length thresholds at 0, so short test
     batches reach it too), one CTA per unit in plan order (its default for several sequences
     too) and with each head's slices taken last to first, persistent for batches of several
-    sequences (with the vector row sums it runs with, stop 42, in both forms: a sequence alone
-    takes one CTA, and the isolation test compares bytes), with the q blocks loaded by the
+    sequences (in both forms with the persistent form's numerics: fp8's vector row sums, stop
+    42, 16-bit's 64-key steps and early rescale, stop 44; a sequence alone takes one CTA, and
+    the isolation tests compare bytes), with the q blocks loaded by the
     consumers (q_tma off; the producer's TMA by default), with the accumulator rescaled before
     the next block's q k^T is issued (rescale_late off; both defaults rescale after that
     issue, 16-bit's since stop 44), with fp8's row sums by the vector units (sum_mma off; the
@@ -78,6 +79,12 @@ def phase1(request, monkeypatch, device):
                 knob = {"lean_sync": not config.lean_sync}
             if knob:
                 monkeypatch.setattr(tk, name, replace(config, **knob))
+        if request.param == "gluon-persistent":
+            # a sequence alone runs one CTA per unit, so the 16-bit default takes the persistent
+            # form's steps and rescale (the isolation tests compare bytes; stop 44's default,
+            # 128-key steps with the late rescale, rounds differently from its 64-key steps)
+            monkeypatch.setattr(tk, "GLUON_BF16_CONFIG", replace(
+                tk.GLUON_BF16_PERSISTENT_CONFIG, persistent=False))
         if request.param == "gluon-bf16-n64":
             monkeypatch.setattr(tk, "GLUON_BF16_CONFIG", replace(
                 tk.GLUON_BF16_CONFIG, block_n=64, num_stages=4, pingpong=True, split_kv=False,
