@@ -89,6 +89,8 @@
 #   bash benchmarks/device_run.sh dev44   # the warpgroup barriers before mbarrier arrives and waits
 #                                         # removed from the Gluon kernel's PTX (lean_sync): its GPU
 #                                         # tests, its fp8 and 16-bit variants beside the defaults
+#   bash benchmarks/device_run.sh dev45   # the persistent param's 16-bit isolation tests (stop 44's
+#                                         # fixture fix), ncu of the 16-bit default and FA3 bf16
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -97,7 +99,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -163,14 +165,15 @@ all_gpu_tests() {
 }
 # Nsight Compute of one phase-1 launch each, ours (the Gluon kernel, profile_phase1.py) and FA3's
 # FP8 forward, at shape $1: each bounded by $2 seconds, into ncu-<who>$3.txt, its lines matching
-# $4 shown; the remaining arguments are ncu's own (what to collect)
+# $4 shown; the remaining arguments are ncu's own (what to collect). PROFILE_ARGS=--bf16: the
+# 16-bit kernel and FA3's bf16 forward instead
 ncu_phase1() {
     local shape=$1 limit=$2 suffix=$3 pattern=$4 who name
     shift 4
     for who in gluon fa3; do
         name=$([ $who = fa3 ] && echo device_kernel || echo mla_prefill)
         timeout "$limit" ncu "$@" --kernel-name "regex:$name" --launch-skip 2 --launch-count 1 \
-            python3 benchmarks/profile_phase1.py --kernel $who --shape "$shape" \
+            python3 benchmarks/profile_phase1.py --kernel $who --shape "$shape" ${PROFILE_ARGS:-} \
             > "$out/ncu-$who$suffix.txt" 2>&1 || status=1
         grep -E "$pattern" "$out/ncu-$who$suffix.txt" | head -30
     done
@@ -714,6 +717,19 @@ PY
             --shapes B1-S8192-H128,B8-S2048-H128,B1-S16384-H16,B4-S4096-H16 \
             --out "$out/variants-bf16-dev44.json" > "$out/variants-bf16-dev44.log" 2>&1 || status=1
         summarize_variants "$out/variants-bf16-dev44.log"
+        ;;
+    dev45)
+        # for stop 45: the two tests stop 44's GPU suite failed in its fixture (the persistent
+        # param's 16-bit isolation tests; the fixture since gives the one-CTA form the
+        # persistent form's numerics), every persistent-param test, then Nsight Compute (full
+        # set) of the 16-bit default and of FA3's bf16 forward at B8-S2048-H128 (the large
+        # shape furthest behind: 0.86x in stop 44's final)
+        timeout -s INT -k 10 150 python3 -m pytest tests/gpu/test_triton.py -q -rfE -p no:cacheprovider \
+            -k "gluon-persistent" > "$out/gpu-tests-persistent.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-persistent.log"
+        PROFILE_ARGS=--bf16 ncu_phase1 B8-S2048-H128 200 "-bf16" \
+            "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Stall|Warp Cycles Per Issued" \
+            --set full
         ;;
     dev36b)
         # stop 36: the whole GPU suite in one call (a warm machine runs it in ~5 minutes)

@@ -280,9 +280,10 @@ VARIANT_SHAPES = ("B1-S8192-H128", "B8-S2048-H128", "B1-S16384-H16", "B4-S4096-H
 
 def variant_configs(fp8: bool) -> dict:
     """The phase-1 variants `--variants` measures, by label: the portable kernel and the Gluon
-    kernel (fp8, or 16-bit with `--bf16`): its default (fp8: one CTA per unit, q by TMA, the
-    accumulator rescaled after the next q k^T is issued; 16-bit: the same but the rescale,
-    pingpong), with the other rescale place (`rescale_late`), and fp8's persistent form; in
+    kernel (fp8, or 16-bit with `--bf16`): its default (one CTA per unit, q by TMA, the
+    accumulator rescaled after the next q k^T is issued; 16-bit also k and v on barriers of
+    their own and Triton's barriers removed), with the other rescale place (`rescale_late`),
+    and fp8's persistent form; in
     fp8 each of the three with `sum_mma` the other way from the default (the row sums by the
     tensor cores: stop 36, right since stop 40). Stop 36 also measured part of the
     exponentials on the FMA pipe (slower; removed, NOTES). Stop 43: k and v on barriers of

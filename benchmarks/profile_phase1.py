@@ -1,4 +1,5 @@
-"""One shape's fp8 phase 1 (attention alone, pre-quantized k/v) for Nsight Compute.
+"""One shape's phase 1 for Nsight Compute: fp8 (attention alone, pre-quantized k/v), or 16-bit
+with `--bf16` (the caller's bf16 q, k, v; FA3's bf16 forward as the peer).
 
     ncu --clock-control none --kernel-name regex:mla_prefill --launch-skip 3 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \\
@@ -26,7 +27,9 @@ def main():
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels import triton_quant as tq
     from mla_plugins.core.kernels.triton_kernel import (
+        BF16_CONFIG,
         FP8_CONFIG,
+        GLUON_BF16_CONFIG,
         GLUON_FP8_CONFIG,
         run_prefill,
     )
@@ -35,10 +38,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", choices=["gluon", "triton", "fa3"], default="gluon")
     ap.add_argument("--shape", default="B1-S16384-H16")
+    ap.add_argument("--bf16", action="store_true",
+                    help="16-bit: the Gluon (or portable) kernel's bf16 default, FA3's bf16 forward")
     args = ap.parse_args()
     lq, lk, heads = {n: (q, k, h) for n, q, k, h in SHAPES}[args.shape]
-    cfg = GLUON_FP8_CONFIG if args.kernel == "gluon" else FP8_CONFIG
+    if args.bf16:
+        cfg = GLUON_BF16_CONFIG if args.kernel == "gluon" else BF16_CONFIG
+    else:
+        cfg = GLUON_FP8_CONFIG if args.kernel == "gluon" else FP8_CONFIG
     q, k, v, cq, ck = make_batch(lq, lk, heads, "cuda")
+    if args.kernel == "fa3" and args.bf16:
+        from peers import fa3_peer
+
+        run, _ = fa3_peer(q, k, v, cq, ck, max(lq), max(lk), 192 ** -0.5)
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        return
     if args.kernel == "fa3":
         from peers import fa3_peer, head_quant_qkv
 
@@ -49,12 +65,18 @@ def main():
         torch.cuda.synchronize()
         return
     plan = plan_prefill(cq, ck, num_heads=heads, causal=True, kernel="triton", tile_q=cfg.block_m, num_workers=1)
-    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
-    quant = tq.quantize_qkv(q, k, v, cq, ck, len(lq), max(lq), max(lk), torch.float8_e4m3fn,
-                             rotate=inputs.fp8_rotate)
     out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device="cuda")
     po = torch.empty(1, heads, 128, device="cuda")
     pl = torch.empty(1, heads, device="cuda")
+    if args.bf16:
+        inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=False)
+        for _ in range(4):
+            run_prefill(inputs, plan, out, None, po, pl, config=cfg)
+        torch.cuda.synchronize()
+        return
+    inputs = make_inputs(q, k, v, cq, ck, causal=True, fp8=True)
+    quant = tq.quantize_qkv(q, k, v, cq, ck, len(lq), max(lq), max(lk), torch.float8_e4m3fn,
+                             rotate=inputs.fp8_rotate)
     for _ in range(4):
         run_prefill(inputs, plan, out, None, po, pl, config=cfg, quantized=quant)
     torch.cuda.synchronize()
