@@ -18,18 +18,22 @@ what a rendezvous does order). Every other barrier stays.
 The rewrite runs as a stage of Triton's compile (`knobs.runtime.add_stages_inspection_hook`,
 installed by `lean_compile` only around a launch that asked for it, chained to any hook the
 process had). The kernel takes `LEAN_SYNC` = `VERSION` as a constexpr, so the rewritten
-kernel has a cache entry of its own, and a change of these rules (a new `VERSION`) one more.
+kernel has a cache entry of its own, and a change of these rules (a new `VERSION`) one more;
+Triton releases after 3.6 also call the hook without arguments for a cache key, which it
+answers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 
 #: the kernel whose PTX is rewritten (`gluon_attention.mla_prefill_gluon_kernel`)
 KERNEL_NAME = "mla_prefill_gluon_kernel"
 #: the rules' version, the kernel's LEAN_SYNC constexpr when on (0: off)
 VERSION = 1
+_KEY = f"mla_plugins.gluon_sync.v{VERSION}"
 
 _BAR = re.compile(r"^\s*bar\.sync\s+\d+\s*,\s*128\s*;")
 # what a rendezvous may order or what ends the straight line: memory, synchronization, control
@@ -82,9 +86,15 @@ def lean_ptx(ptx: str) -> tuple[str, int]:
 
 
 def _hook(previous):
-    def hook(backend, stages, options, language, capability):
+    def hook(*args):
+        if not args:
+            # Triton after 3.6 calls the hook without arguments on each launch and compile for
+            # a key that sets the kernels compiled under it apart: ours, after any earlier hook's
+            key, digest = (previous() if previous is not None else ("", ""))
+            return key + _KEY, hashlib.sha256((digest + _KEY).encode()).hexdigest()
         if previous is not None:
-            previous(backend, stages, options, language, capability)
+            previous(*args)
+        stages = args[1]
         make_ptx = stages.get("ptx")
         if make_ptx is None:
             return

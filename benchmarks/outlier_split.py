@@ -1,0 +1,88 @@
+"""Accuracy lead for issue 22 (CPU, float64): the outlier features of q and k kept out of the
+fp8 cast, against the rotation.
+
+    python benchmarks/outlier_split.py [--tokens 2048] [--heads 16] [--features 4,8,16]
+
+For each (sequence, head) the r features with the largest amax(|q_f|) * amax(|k_f|) over the
+sequence's rows are taken out of q and k before core/fp8.py's block rule and their products
+added back unrounded (a kernel would take them in bf16 through a small extra product); every
+other feature, and v, go through the block rule (rotated or not). The logits' other terms are
+what they were; P is exact here (the reference's rule). Relative L2 error of the output
+against float64 on the issue's recipe (accuracy.py's: features 7 and 128-131 of q and k
+scaled), two draws each, beside the block rule unrotated and rotated; "split r=N rotated":
+the features left in the cast rotated (a fallback for outliers beyond the r taken out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mla_plugins.core import fp8  # noqa: E402
+from mla_plugins.core.reference import reference_attention, relative_error  # noqa: E402
+
+F8 = torch.float8_e4m3fn
+FEATURES = (7, 128, 129, 130, 131)
+
+
+def make(kind: str, value: float, tokens: int, heads: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(tokens, heads, 192, generator=g)
+    k = torch.randn(tokens, heads, 192, generator=g)
+    v = torch.randn(tokens, heads, 128, generator=g)
+    if kind == "outliers":
+        for f in FEATURES:
+            q[..., f] *= value
+            k[..., f] *= value
+    else:
+        q, k, v = q * value, k * value, v * value
+    return [t.to(torch.bfloat16).float() for t in (q, k, v)]
+
+
+def outlier_mask(q: torch.Tensor, k: torch.Tensor, r: int) -> torch.Tensor:
+    """[heads, 192] True at each head's r features of largest amax(|q_f|) * amax(|k_f|)."""
+    score = q.abs().amax(0) * k.abs().amax(0)
+    return torch.zeros_like(score, dtype=torch.bool).scatter_(-1, score.topk(r, -1).indices, True)
+
+
+def errors(kind: str, value: float, tokens: int, heads: int, seed: int, rs) -> dict:
+    q, k, v = make(kind, value, tokens, heads, seed)
+    cu = torch.tensor([0, tokens])
+    ref, _ = reference_attention(q, k, v, cu, cu, causal=True)
+    res = {}
+    for name, rot in (("block", False), ("rotated", True)):
+        out, _ = reference_attention(q, k, v, cu, cu, causal=True, fp8_dtype=F8, fp8_rotate=rot)
+        res[name] = relative_error(out, ref)
+    rotation = fp8.rotation_matrix(torch.float32)
+    for r in rs:
+        keep = outlier_mask(q, k, r)
+        for rot in (False, True):
+            qf, kf, vf = fp8.block_fake_quantize_qkv(q * ~keep, k * ~keep, v, [0, tokens],
+                                                     [0, tokens], F8, rotate_=rot)
+            if rot:  # back to the features' basis (R orthonormal: the same logits)
+                qf, kf = qf @ rotation.T, kf @ rotation.T
+            out, _ = reference_attention(qf + q * keep, kf + k * keep, vf, cu, cu, causal=True)
+            res[f"split r={r}" + (" rotated" if rot else "")] = relative_error(out, ref)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--features", default="4,8,16", help="r values, comma-separated")
+    args = ap.parse_args()
+    rs = [int(x) for x in args.features.split(",")]
+    for kind, value in (("outliers", 1), ("outliers", 10), ("outliers", 30), ("sigma", 1), ("sigma", 3)):
+        rows = [errors(kind, value, args.tokens, args.heads, seed, rs) for seed in (0, 1)]
+        mean = {key: round(sum(r[key] for r in rows) / len(rows), 4) for key in rows[0]}
+        print(f"{kind} {value}: {mean}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
