@@ -27,8 +27,10 @@ FEATURES = (7, 128, 129, 130, 131)
 SHAPE = (2048, 16)
 
 
-def recipe(kind: str, value: float, device, seed: int):
-    s, h = SHAPE
+def recipe(kind: str, value: float, device, seed: int, shape: tuple[int, int] = SHAPE):
+    """bf16 (q, k, v) [tokens, heads, 192 / 192 / 128] of one causal sequence of `shape`
+    (tokens, heads) on `device`, and its cu_seqlens."""
+    s, h = shape
     gen = torch.Generator(device="cpu").manual_seed(seed)
     q = torch.randn(s, h, 192, generator=gen)
     k = torch.randn(s, h, 192, generator=gen)

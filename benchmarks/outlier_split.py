@@ -22,26 +22,14 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from accuracy import recipe  # noqa: E402
 
 from mla_plugins.core import fp8  # noqa: E402
 from mla_plugins.core.reference import reference_attention, relative_error  # noqa: E402
 
 F8 = torch.float8_e4m3fn
-FEATURES = (7, 128, 129, 130, 131)
-
-
-def make(kind: str, value: float, tokens: int, heads: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(tokens, heads, 192, generator=g)
-    k = torch.randn(tokens, heads, 192, generator=g)
-    v = torch.randn(tokens, heads, 128, generator=g)
-    if kind == "outliers":
-        for f in FEATURES:
-            q[..., f] *= value
-            k[..., f] *= value
-    else:
-        q, k, v = q * value, k * value, v * value
-    return [t.to(torch.bfloat16).float() for t in (q, k, v)]
 
 
 def outlier_mask(q: torch.Tensor, k: torch.Tensor, r: int) -> torch.Tensor:
@@ -51,7 +39,8 @@ def outlier_mask(q: torch.Tensor, k: torch.Tensor, r: int) -> torch.Tensor:
 
 
 def errors(kind: str, value: float, tokens: int, heads: int, seed: int, rs) -> dict:
-    q, k, v = make(kind, value, tokens, heads, seed)
+    q, k, v, _ = recipe(kind, value, "cpu", seed, shape=(tokens, heads))
+    q, k, v = (t.float() for t in (q, k, v))
     cu = torch.tensor([0, tokens])
     ref, _ = reference_attention(q, k, v, cu, cu, causal=True)
     res = {}
