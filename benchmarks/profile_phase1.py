@@ -47,19 +47,12 @@ def main():
     else:
         cfg = GLUON_FP8_CONFIG if args.kernel == "gluon" else FP8_CONFIG
     q, k, v, cq, ck = make_batch(lq, lk, heads, "cuda")
-    if args.kernel == "fa3" and args.bf16:
-        from peers import fa3_peer
-
-        run, _ = fa3_peer(q, k, v, cq, ck, max(lq), max(lk), 192 ** -0.5)
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-        return
     if args.kernel == "fa3":
         from peers import fa3_peer, head_quant_qkv
 
-        run, _ = fa3_peer(q, k, v, cq, ck, max(lq), max(lk), 192 ** -0.5, fp8=True,
-                          quantized=head_quant_qkv(q, k, v, cq.tolist(), ck.tolist()))
+        quantized = None if args.bf16 else head_quant_qkv(q, k, v, cq.tolist(), ck.tolist())
+        run, _ = fa3_peer(q, k, v, cq, ck, max(lq), max(lk), 192 ** -0.5, fp8=not args.bf16,
+                          quantized=quantized)
         for _ in range(3):
             run()
         torch.cuda.synchronize()

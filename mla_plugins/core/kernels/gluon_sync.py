@@ -53,6 +53,18 @@ def _instruction(line: str) -> str:
     return text
 
 
+def _neighbour(lines: list[str], indices) -> str | None:
+    """The first memory, synchronization or control instruction among `lines[indices]`, in
+    that order, before a basic block's label (None if there is none)."""
+    for j in indices:
+        if _BLOCK_LABEL.match(lines[j].strip()):
+            return None
+        text = _instruction(lines[j])
+        if text and _SYNC_OR_MEMORY.search(text):
+            return text
+    return None
+
+
 def lean_ptx(ptx: str) -> tuple[str, int]:
     """`ptx` without the barriers the module doc names, and how many were removed."""
     lines = ptx.splitlines(keepends=True)
@@ -60,27 +72,13 @@ def lean_ptx(ptx: str) -> tuple[str, int]:
     for i, line in enumerate(lines):
         if not _BAR.match(line):
             continue
-        nxt = None
-        for j in range(i + 1, len(lines)):
-            if _BLOCK_LABEL.match(lines[j].strip()):
-                break
-            text = _instruction(lines[j])
-            if text and _SYNC_OR_MEMORY.search(text):
-                nxt = text
-                break
+        nxt = _neighbour(lines, range(i + 1, len(lines)))
         if nxt is None or not _RELEASE_OR_WAIT.search(nxt):
             continue
-        prev_ok = True
-        for j in range(i - 1, -1, -1):
-            if _BLOCK_LABEL.match(lines[j].strip()):
-                break
-            text = _instruction(lines[j])
-            if text and _SYNC_OR_MEMORY.search(text):
-                prev_ok = not _THREAD_SHARED.search(text)
-                break
-        if prev_ok:
+        prev = _neighbour(lines, range(i - 1, -1, -1))
+        if prev is None or not _THREAD_SHARED.search(prev):
             drop.append(i)
-    for i in reversed(drop):
+    for i in drop:
         lines[i] = "\t// warpgroup barrier removed (mla_plugins.core.kernels.gluon_sync)\n"
     return "".join(lines), len(drop)
 
