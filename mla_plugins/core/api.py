@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from .device import fp8_dtype_for
-from .fp8 import rotation_applies
+from .fp8 import outliers_apply, rotation_applies
 from .kernels.base import ConfigInputs, KernelInfo, PlanRequest, PrefillInputs, ReduceInputs
 from .plan import PrefillPlan, host_offsets, normalize_device
 from .registry import get_registry
@@ -202,7 +202,7 @@ def _read_offsets(cu_seqlens_q, cu_seqlens_k, q) -> tuple[list[int], list[int]]:
 
 
 def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan,
-                    fp8_rotate=None) -> PrefillInputs:
+                    fp8_rotate=None, fp8_outliers=None) -> PrefillInputs:
     """Checked inputs of one call. With a plan the offsets come from the plan (the caller's
     `cu_seqlens_q`/`cu_seqlens_k`, if any, are not read); without one they are read once."""
     if plan is not None and not isinstance(plan, PrefillPlan):
@@ -223,6 +223,9 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
     if fp8_rotate is not None and not isinstance(fp8_rotate, bool):
         raise TypeError(f"fp8_rotate: found {type(fp8_rotate).__name__}, expected bool or None")
     rotate = fp8 and rotation_applies(q.shape[2], fp8_rotate)
+    if fp8_outliers is not None and not isinstance(fp8_outliers, bool):
+        raise TypeError(f"fp8_outliers: found {type(fp8_outliers).__name__}, expected bool or None")
+    outliers = fp8 and outliers_apply(q.shape[2], fp8_outliers)
     if plan is not None:
         found = (plan.total_q, plan.total_k, plan.num_heads, plan.causal)
         expected = (q.shape[0], k.shape[0], q.shape[1], causal)
@@ -233,7 +236,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
             )
         if plan.auto_bf16 and fp8:
             fp8 = False  # kernel="auto" measured bf16 faster for this batch (plan_prefill)
-            rotate = False
+            rotate = outliers = False
         if plan.fp8 is not None and plan.fp8 != fp8:
             raise ValueError(
                 f"fp8: found {fp8}, expected {plan.fp8} like the plan (plan_prefill(fp8=...)); "
@@ -247,7 +250,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
             cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k,
             softmax_scale=softmax_scale, causal=causal, fp8=fp8, fp8_dtype=fp8_dtype,
             max_seqlen_q=plan.max_seqlen_q, max_seqlen_k=plan.max_seqlen_k,
-            seqlens_host=plan.cu_seqlens_host, fp8_rotate=rotate,
+            seqlens_host=plan.cu_seqlens_host, fp8_rotate=rotate, fp8_outliers=outliers,
         )
     cq, ck = _read_offsets(cu_seqlens_q, cu_seqlens_k, q)
     if cq[-1] != q.shape[0]:
@@ -270,6 +273,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
         max_seqlen_k=max(lens_k, default=0),
         seqlens_host=(tuple(cq), tuple(ck)),
         fp8_rotate=rotate,
+        fp8_outliers=outliers,
     )
 
 
@@ -318,13 +322,13 @@ def _run(chosen, inputs: PrefillInputs, plan: PrefillPlan, out, return_lse: bool
 
 
 def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace,
-                  fp8_rotate, lse):
+                  fp8_rotate, lse, fp8_outliers):
     """A layer's call of a batch whose arguments look like one this plan accepted: every
     check of the full path is a function of the signature, the flags and the plan, so none
     is repeated (the per-call host cost of a serving loop). None: take the full path."""
     memo = plan.memo.get("call")
     if (memo is None or memo[1] is not causal or memo[2] is not fp8 or memo[3] is not return_lse
-            or memo[5] is not fp8_rotate):
+            or memo[5] is not fp8_rotate or memo[6] is not fp8_outliers):
         return None
     try:
         signature = _call_signature(q, k, v, softmax_scale, out, lse)
@@ -333,10 +337,10 @@ def _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, wo
     if signature != memo[0]:
         return None
     given_fp8 = fp8
-    chosen, scale, causal, fp8, fp8_dtype, out_shape, rotate = memo[4]
+    chosen, scale, causal, fp8, fp8_dtype, out_shape, rotate, outliers = memo[4]
     inputs = PrefillInputs(
         _unit_stride(q), _unit_stride(k), _unit_stride(v), plan.cu_seqlens_q, plan.cu_seqlens_k, scale, causal, fp8,
-        fp8_dtype, plan.max_seqlen_q, plan.max_seqlen_k, plan.cu_seqlens_host, rotate,
+        fp8_dtype, plan.max_seqlen_q, plan.max_seqlen_k, plan.cu_seqlens_host, rotate, outliers,
     )
     if out is None:
         out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
@@ -364,6 +368,7 @@ def mla_prefill(
     workspace: torch.Tensor | None = None,
     fp8_rotate: bool | None = None,
     lse: torch.Tensor | None = None,
+    fp8_outliers: bool | None = None,
 ):
     """Varlen MLA prefill attention (MHA form), split-KV planned and LSE-reduced.
 
@@ -389,16 +394,21 @@ def mla_prefill(
     fp8_rotate: in fp8, multiply q and k by core/fp8.py's orthonormal rotation before the cast
     (the same logits; outlier features no longer dominate the rounding). None:
     MLA_PLUGINS_FP8_ROTATE (default off: its measured cost, README) for a 192-wide query/key head.
+    fp8_outliers: in fp8, keep each (sequence, head)'s 8 largest features of q and k (by
+    amax|q_f| * amax|k_f|) out of the cast and add their product in bf16 (core/fp8.py; with
+    the rotation too, the rest is rotated). Kernels that cannot (flash_attn, aiter, the Gluon
+    kernel) are passed over by kernel="auto" and refuse it when pinned. None:
+    MLA_PLUGINS_FP8_OUTLIERS (default off).
     """
     if plan is not None and type(plan) is PrefillPlan and (
             kernel == "auto" or kernel == plan.kernel):
         result = _planned_call(q, k, v, softmax_scale, causal, fp8, out, return_lse, plan, workspace,
-                               fp8_rotate, lse)
+                               fp8_rotate, lse, fp8_outliers)
         if result is not None:
             return result
-    given = (plan, softmax_scale, causal, fp8, out, fp8_rotate, lse)
+    given = (plan, softmax_scale, causal, fp8, out, fp8_rotate, lse, fp8_outliers)
     inputs = _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, fp8, plan,
-                             fp8_rotate)
+                             fp8_rotate, fp8_outliers)
     out_shape = (q.shape[0], q.shape[1], v.shape[2])
     if out is not None:
         check_tensor("out", out, ndim=3)
@@ -423,10 +433,16 @@ def mla_prefill(
         check_writable_layout("lse", lse, unit_last=False)  # refuses expanded (stride 0) views
     if plan is not None:
         chosen = _kernel_for_plan(plan, inputs, kernel)
+        if inputs.fp8_outliers and not chosen.supports_fp8_outliers:
+            raise ValueError(
+                f"fp8_outliers: found True, but the plan's kernel {chosen.name!r} casts every "
+                "feature of q and k to fp8; plan with a kernel that keeps the outlier features "
+                "out (plan_prefill(..., kernel='torch') or 'triton'), or pass fp8_outliers=False"
+            )
     else:
         chosen, run_fp8 = get_registry().choose(inputs, kernel, allow_bf16=inputs.fp8)
         if inputs.fp8 and not run_fp8:
-            inputs = replace(inputs, fp8=False, fp8_rotate=False)
+            inputs = replace(inputs, fp8=False, fp8_rotate=False, fp8_outliers=False)
         plan = cached_plan(
             inputs.seqlens_host, num_heads=inputs.num_heads, causal=inputs.causal,
             device=inputs.device, dtype=inputs.dtype, fp8=inputs.fp8,
@@ -443,13 +459,13 @@ def mla_prefill(
     if (given[0] is not None and kernel in ("auto", plan.kernel) and inputs.dtype == plan.dtype
             and chosen is plan.memo.get("kernel")):
         # every check above passed for this signature: the batch's next layers skip them
-        _, scale, causal_given, fp8_given, out_given, rotate_given, lse_given = given
+        _, scale, causal_given, fp8_given, out_given, rotate_given, lse_given, outliers_given = given
         plan.memo["call"] = (
             _call_signature(q, k, v, scale, out_given, lse_given), causal_given, fp8_given,
             return_lse,
             (chosen, inputs.softmax_scale, inputs.causal, inputs.fp8, inputs.fp8_dtype, out_shape,
-             inputs.fp8_rotate),
-            rotate_given,
+             inputs.fp8_rotate, inputs.fp8_outliers),
+            rotate_given, outliers_given,
         )
     return (out, lse) if return_lse else out
 

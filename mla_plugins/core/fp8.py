@@ -40,6 +40,23 @@ rotated values but the bound every one of them obeys, |(x R)_i| <= sum_j |x_j| /
 the scale before it rotates (the per-(sequence, head) rule reads the sequence once for its
 scales and once to rotate and cast) and a large finite input cannot overflow it the way a
 sum of squares would. Measured (benchmarks/NOTES.md): no loss against the exact amax.
+
+Outlier features kept out of the cast (`fp8_outliers`, off by default): for each (sequence,
+head) the `OUTLIER_FEATURES` (8) features f of largest amax(|q_f|) * amax(|k_f|) over the
+sequence's q rows and k rows (`outlier_features`: float32 amaxes, NaN propagated; a NaN
+score counts as +inf; ties to the lower feature index) are zeroed in q and k before the rule
+above (rotated or not), so neither the block's scale nor its fp8 rounding sees them; their
+values go to 32-wide bf16 side tiles instead (`side_cast`): with u = x * (1 / scale) (the
+block's own scale, NaN -> 0, clamped to +-BF16_MAX) split as hi = bf16(u), lo = bf16(u - hi),
+a q row's side holds [hi, hi, lo, 0] and a k row's [hi, lo, hi, 0] (8 columns each, the
+selected features in ascending order), so that q_side k_side^T = sum_f qh kh + qh kl + ql kh:
+each outlier product to ~16 bits (what is left, ql kl, is 2^-18 of it), in one 32-deep bf16
+tensor-core product added into the scores in the fp8 product's units. A logit is then the
+fp8 product of the ordinary features plus a near-exact product of the few large ones: with
+the issue-22 recipe (five features x30) 0.027 against the rotation's 0.11
+(benchmarks/NOTES.md). The selection reads one sequence's rows only, so one request's
+values never change another's rounding; the logits, so the lse, are those of the inputs up
+to rounding.
 """
 
 from __future__ import annotations
@@ -112,6 +129,16 @@ def l1_bound(x: torch.Tensor) -> torch.Tensor:
     """float32 [...]: sum_j |x_j| * ROTATION_SCALE over the last dim, which bounds every
     rotated value |(x R)_i| of the row (NaN propagates, inf stays inf)."""
     return x.float().abs().sum(dim=-1).mul_(ROTATION_SCALE)
+
+
+#: features of each (sequence, head) kept out of the fp8 cast under `fp8_outliers`, and the
+#: width of the side tiles that carry them (three 8-column groups, padded to two 16-deep
+#: bf16 tensor-core steps)
+OUTLIER_FEATURES = 8
+OUTLIER_WIDTH = 32
+#: side values are clamped to the largest finite bf16 (an inf would make 0 * inf = NaN in a
+#: masked neighbour's product)
+BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 
 
 def rotation_applies(head_dim_qk: int, fp8_rotate: bool | None) -> bool:
@@ -226,14 +253,21 @@ def block_dequantize(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def block_fake_quantize_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, fp8_dtype, *,
-                            rotate_: bool = False, per_sequence: bool = False):
+                            rotate_: bool = False, per_sequence: bool = False,
+                            outliers: bool = False):
     """float32 (q, k, v) quantized and dequantized by the block rule: what the block-scaled
     fp8 kernels compute from (the torch kernel and the float64 reference use it).
 
     rotate_: q and k come back rotated (q R, k R: the same logits, the rotation's rounding).
     per_sequence: one scale per (sequence, head) (`head_quantize`'s rule) instead of blocks.
+    outliers: q and k come back [T, H, D + OUTLIER_WIDTH], the outlier features kept out of the cast
+    (`split_fake_quantize_qk`); v as without.
     """
     qb, kb = (SEQUENCE_BLOCK, SEQUENCE_BLOCK) if per_sequence else (Q_BLOCK, KV_BLOCK)
+    if outliers:
+        qs, ks = split_fake_quantize_qk(q, k, cu_seqlens_q, cu_seqlens_k, fp8_dtype,
+                                        rotate_=rotate_, per_sequence=per_sequence)
+        return qs, ks, block_dequantize(*block_quantize(v, cu_seqlens_k, fp8_dtype, block=kb))
     return (block_dequantize(*block_quantize(q, cu_seqlens_q, fp8_dtype, block=qb, rotate_=rotate_)),
             block_dequantize(*block_quantize(k, cu_seqlens_k, fp8_dtype, block=kb, rotate_=rotate_)),
             block_dequantize(*block_quantize(v, cu_seqlens_k, fp8_dtype, block=kb)))
@@ -255,3 +289,105 @@ def head_quantize(x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.d
         if cu[b + 1] > cu[b]:
             scales[b] = rows[cu[b]]
     return x8, scales
+
+
+def outliers_apply(head_dim_qk: int, fp8_outliers: bool | None) -> bool:
+    """Whether q's and k's outlier features are kept out of the cast: `fp8_outliers` (None:
+    MLA_PLUGINS_FP8_OUTLIERS, default off). A head narrower than OUTLIER_FEATURES + 1
+    features raises ValueError naming the argument when asked explicitly."""
+    if fp8_outliers is None:
+        from .settings import fp8_outliers_enabled
+
+        return head_dim_qk > OUTLIER_FEATURES and fp8_outliers_enabled()
+    if fp8_outliers and head_dim_qk <= OUTLIER_FEATURES:
+        raise ValueError(
+            f"fp8_outliers: found True with query/key head dim {head_dim_qk}, expected more than "
+            f"{OUTLIER_FEATURES} features; pass fp8_outliers=None or False"
+        )
+    return bool(fp8_outliers)
+
+
+def outlier_features(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: Sequence[int],
+                     cu_seqlens_k: Sequence[int]) -> torch.Tensor:
+    """int64 [B, H, OUTLIER_FEATURES]: each (sequence, head)'s features of largest
+    amax(|q_f|) * amax(|k_f|) over its rows (float32; NaN scores count as +inf; ties to the
+    lower index), in ascending feature order. q [Tq, H, D], k [Tk, H, D]."""
+    cq, ck = [int(c) for c in cu_seqlens_q], [int(c) for c in cu_seqlens_k]
+    heads, dim = q.shape[1], q.shape[2]
+    out = torch.empty(len(cq) - 1, heads, OUTLIER_FEATURES, dtype=torch.int64, device=q.device)
+
+    def amax(x, a, b):
+        if b <= a:
+            return torch.zeros(heads, dim, device=x.device)
+        return x[a:b].abs().float().amax(dim=0)  # NaN propagates
+
+    for b in range(len(cq) - 1):
+        score = amax(q, cq[b], cq[b + 1]) * amax(k, ck[b], ck[b + 1])
+        score = torch.where(torch.isnan(score), float("inf"), score)
+        top = torch.sort(score, dim=-1, descending=True, stable=True).indices[:, :OUTLIER_FEATURES]
+        out[b] = top.sort(dim=-1).values
+    return out
+
+
+def _row_selection(features: torch.Tensor, cu_seqlens: Sequence[int], total: int) -> torch.Tensor:
+    """int64 [T, H, OUTLIER_FEATURES]: every row's sequence's selected features (rows past
+    cu_seqlens[-1], if any, select features 0..7 of nothing: they are zero rows)."""
+    cu = [int(c) for c in cu_seqlens]
+    seq = torch.zeros(total, dtype=torch.int64)
+    for b in range(len(cu) - 1):
+        seq[cu[b]:cu[b + 1]] = b
+    rows = features[seq.to(features.device)]
+    if cu and cu[-1] < total:
+        rows[cu[-1]:] = torch.arange(OUTLIER_FEATURES, device=features.device)
+    return rows
+
+
+def side_cast(x: torch.Tensor, scale: torch.Tensor, operand: str,
+              dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """[T, H, OUTLIER_WIDTH] in `dtype` (bf16; fp16 where the Triton interpreter, which has
+    no bf16, runs the kernels): a row's selected features x [T, H, OUTLIER_FEATURES]
+    (ascending feature order) times 1 / its block's scale ([T, H], the correctly rounded
+    float32 reciprocal, as block_cast), NaN -> 0, clamped to +-BF16_MAX, as u = hi + lo;
+    `operand` "q": [hi, hi, lo, 0], "k": [hi, lo, hi, 0] (8 columns a group)."""
+    u = (x.float() * (1.0 / scale[..., None])).nan_to_num_(nan=0.0).clamp_(-BF16_MAX, BF16_MAX)
+    hi = u.to(dtype)
+    lo = (u - hi.float()).to(dtype)
+    groups = {"q": (hi, hi, lo), "k": (hi, lo, hi)}[operand]
+    return torch.cat([*groups, torch.zeros_like(hi)], dim=-1)
+
+
+def split_quantize(x: torch.Tensor, cu_seqlens: Sequence[int], features: torch.Tensor,
+                   fp8_dtype: torch.dtype, *, block: int, operand: str, rotate_: bool = False,
+                   side_dtype: torch.dtype = torch.bfloat16
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x_fp8 [T, H, D], scales float32 [T, H], side [T, H, OUTLIER_WIDTH]): the block rule
+    on x (q or k, `operand`) with its sequence's selected `features` zeroed (rotated with
+    `rotate_`), and those features' values in the side tile (`side_cast`), in the same
+    block's units."""
+    sel = _row_selection(features, cu_seqlens, x.shape[0])
+    picked = torch.gather(x, 2, sel)
+    rest = x.scatter(2, sel, torch.zeros_like(picked))
+    x8, scale = block_quantize(rest, cu_seqlens, fp8_dtype, block=block, rotate_=rotate_)
+    return x8, scale, side_cast(picked, scale, operand, side_dtype)
+
+
+def split_dequantize(x8: torch.Tensor, scale: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
+    """float32 [T, H, D + OUTLIER_WIDTH]: the dequantized fp8 part (rotated or not), then the
+    side tile dequantized. The logit of q' and k' so built, over all those columns, is the
+    fp8 product plus the side product, as a kernel adds them: the two parts need not share
+    a basis."""
+    return torch.cat([block_dequantize(x8, scale), block_dequantize(side, scale)], dim=-1)
+
+
+def split_fake_quantize_qk(q, k, cu_seqlens_q, cu_seqlens_k, fp8_dtype, *, rotate_: bool = False,
+                           per_sequence: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (q', k') [T, H, D + OUTLIER_WIDTH] under `fp8_outliers` (split_dequantize's
+    layout): what the fp8 kernels compute q k^T from when the outlier features are kept out
+    of the cast."""
+    qb, kb = (SEQUENCE_BLOCK, SEQUENCE_BLOCK) if per_sequence else (Q_BLOCK, KV_BLOCK)
+    features = outlier_features(q, k, cu_seqlens_q, cu_seqlens_k)
+    res = []
+    for x, cu, blk, operand in ((q, cu_seqlens_q, qb, "q"), (k, cu_seqlens_k, kb, "k")):
+        res.append(split_dequantize(*split_quantize(x, cu, features, fp8_dtype, block=blk,
+                                                    operand=operand, rotate_=rotate_)))
+    return res[0], res[1]

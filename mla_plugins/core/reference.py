@@ -20,6 +20,7 @@ def reference_attention(
     fp8_dtype: torch.dtype | None = None,
     fp8_rotate: bool = False,
     fp8_per_sequence: bool = False,
+    fp8_outliers: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out float64 [total_q, H, Dv], lse float64 [total_q, H]) on the CPU.
 
@@ -28,16 +29,19 @@ def reference_attention(
     and dequantized by core/fp8.py's block rule (what the fp8 kernels compute from), then
     everything runs in float64 as without it. `fp8_rotate`: q and k are rotated before the
     cast (the rotation leaves every logit unchanged; only the rounding differs);
-    `fp8_per_sequence`: one scale per (sequence, head), the FA3 provider's rule.
+    `fp8_per_sequence`: one scale per (sequence, head), the FA3 provider's rule;
+    `fp8_outliers`: each (sequence, head)'s outlier features kept out of the cast (core/fp8.py).
     """
+    # the input's width: under fp8_outliers the fake-quantized q and k are wider (side tiles)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     if fp8_dtype is not None:
         from .fp8 import block_fake_quantize_qkv
 
         q, k, v = block_fake_quantize_qkv(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(),
                                           cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), fp8_dtype,
-                                          rotate_=fp8_rotate, per_sequence=fp8_per_sequence)
+                                          rotate_=fp8_rotate, per_sequence=fp8_per_sequence,
+                                          outliers=fp8_outliers)
     q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)

@@ -10,6 +10,8 @@ MLA_PLUGINS_GLUON                     off keeps the portable Triton fp8 kernel o
                                       of the Gluon one (default on)
 MLA_PLUGINS_FP8_ROTATE                on rotates q and k before the fp8 cast (core/fp8.py;
                                       default off: its measured cost)
+MLA_PLUGINS_FP8_OUTLIERS              on keeps each (sequence, head)'s outlier features of q
+                                      and k out of the fp8 cast (core/fp8.py; default off)
 
 Every on/off variable is parsed here, by `flag`, with the same spellings (1/0, true/false,
 yes/no, on/off, any case, surrounding blanks ignored; unset or empty = the default). Any
@@ -42,6 +44,9 @@ FLAGS: dict[str, bool | None] = {
     # (benchmarks/NOTES.md); MLA_PLUGINS_FP8_ROTATE=1 or fp8_rotate=True takes it (4x lower
     # error with outlier features)
     "MLA_PLUGINS_FP8_ROTATE": False,
+    # off: only the torch and Triton providers keep the outlier features out (the Gluon
+    # kernel and FA3 do not), so turning it on changes which kernel runs
+    "MLA_PLUGINS_FP8_OUTLIERS": False,
 }
 
 _warned: set[tuple[str, str]] = set()
@@ -115,6 +120,12 @@ def gluon_enabled() -> bool:
 def fp8_rotate_enabled() -> bool:
     """Whether fp8 rotates q and k by default (core/fp8.py; `fp8_rotate=` overrides per call)."""
     return bool(flag("MLA_PLUGINS_FP8_ROTATE", FLAGS["MLA_PLUGINS_FP8_ROTATE"]))
+
+
+def fp8_outliers_enabled() -> bool:
+    """Whether fp8 keeps the outlier features out of the cast by default (core/fp8.py;
+    `fp8_outliers=` overrides per call)."""
+    return bool(flag("MLA_PLUGINS_FP8_OUTLIERS", FLAGS["MLA_PLUGINS_FP8_OUTLIERS"]))
 
 
 def trace_path() -> str | None:

@@ -20,10 +20,12 @@ READERS = {
     "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": settings.cpu_chunked_prefill_requested,
     "MLA_PLUGINS_GLUON": settings.gluon_enabled,
     "MLA_PLUGINS_FP8_ROTATE": settings.fp8_rotate_enabled,
+    "MLA_PLUGINS_FP8_OUTLIERS": settings.fp8_outliers_enabled,
 }
 DEFAULTS = {"MLA_PLUGINS_FP8": False, "MLA_PLUGINS_SHIM": True, "MLA_PLUGINS_VLLM_CPU_CHUNKED_PREFILL": False,
             "MLA_PLUGINS_GLUON": True,
-            "MLA_PLUGINS_FP8_ROTATE": settings.FLAGS["MLA_PLUGINS_FP8_ROTATE"]}
+            "MLA_PLUGINS_FP8_ROTATE": settings.FLAGS["MLA_PLUGINS_FP8_ROTATE"],
+            "MLA_PLUGINS_FP8_OUTLIERS": settings.FLAGS["MLA_PLUGINS_FP8_OUTLIERS"]}
 
 
 @pytest.fixture(autouse=True)

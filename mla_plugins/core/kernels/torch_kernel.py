@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 
 def _compute_operands(inputs: PrefillInputs, cq, ck) -> tuple[torch.Tensor, ...]:
     """float32 q, k, v; in fp8, quantized and dequantized by core/fp8.py's block rule (q and
-    k rotated first when `inputs.fp8_rotate`), as the Triton and Gluon kernels compute."""
+    k rotated first when `inputs.fp8_rotate`; with `inputs.fp8_outliers` q and k are
+    wider: the fp8 part, then the side tile), as the Triton and Gluon kernels compute."""
     if inputs.fp8:
         return block_fake_quantize_qkv(inputs.q, inputs.k, inputs.v, cq, ck, inputs.fp8_dtype,
-                                       rotate_=inputs.fp8_rotate)
+                                       rotate_=inputs.fp8_rotate, outliers=inputs.fp8_outliers)
     return inputs.q.float(), inputs.k.float(), inputs.v.float()
 
 
@@ -59,6 +60,7 @@ class TorchKernel(Kernel):
     priority = 100
     devices = frozenset({"cpu", "cuda", "rocm"})
     dtypes = frozenset({torch.bfloat16, torch.float16})
+    supports_fp8_outliers = True
 
     def prefill(
         self,
