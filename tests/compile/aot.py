@@ -121,6 +121,7 @@ def _recording(calls: list, tma: bool, permuted: bool):
                "quant_warps": lambda device, rotate, rotation=tq.ROTATION: tq.warps_for(
                    rocm, rotate, rotation)}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
+               (tq, "_outlier_amax_kernel"), (tq, "_outlier_select_kernel"),
                (ga, "mla_prefill_gluon_kernel"), (th, "_head_bound_kernel"),
                (th, "_head_cast_kernel"), (th, "_gluon_cast_kernel"), (tk, "_can_tma"),
                (tq, "permuted_v"), (tq, "quant_warps"), (tq, "on_rocm")]
@@ -136,14 +137,15 @@ def _recording(calls: list, tma: bool, permuted: bool):
 
 def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
            split: bool = False, tma: bool | None = None, rotate: bool = False,
-           rotation: str = tq.ROTATION, fill_gpu: bool = False) -> list:
+           rotation: str = tq.ROTATION, fill_gpu: bool = False, outliers: bool = False) -> list:
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
     host code (`TritonKernel._run_ordinary`: the workspace views, the quantization (q and k
     rotated with `rotate`, by `rotation`: the provider passes none, so another one than the
     default is passed by wrapping `triton_quant.quantize_qkv` for the call), phase 1 with
     `config`, the reduce of a split plan), on CPU tensors shaped as on the device; `fill_gpu`: the
     SM count taken as 0, so that the dense rotation's q/k/v launch takes ROTATED_QKV_BLOCKS, as
-    a batch that fills the GPU does (`triton_quant.rotated_qkv_blocks`)"""
+    a batch that fills the GPU does (`triton_quant.rotated_qkv_blocks`); `outliers`: fp8 with
+    the outlier features kept out (the selection's two launches, the side tiles)"""
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.base import PrefillInputs
     from tests.core.helpers import random_batch, vllm_v_view
@@ -155,7 +157,7 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     inputs = PrefillInputs(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck, softmax_scale=0.07,
                            causal=True, fp8=fp8, fp8_dtype=FP8_DTYPE[arch],
                            max_seqlen_q=max(lens), max_seqlen_k=max(lens),
-                           fp8_rotate=fp8 and rotate)
+                           fp8_rotate=fp8 and rotate, fp8_outliers=fp8 and outliers)
     plan = plan_prefill(cq, ck, num_heads=heads, causal=True, tile_q=config.block_m,
                         num_workers=heads * 4 if split else 1)
     plan.memo[("phase1_config", fp8)] = config  # what batch_config picks on the device
@@ -243,7 +245,10 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
     c = kwargs
     if fn.__name__ == "mla_prefill_kernel":
         return (f"attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
-                f"w{c['num_warps']} s{c['num_stages']}" + (" tma" if c["USE_TMA"] else ""))
+                f"w{c['num_warps']} s{c['num_stages']}" + (" tma" if c["USE_TMA"] else "")
+                + (" outliers" if c.get("OUTLIERS") else ""))
+    if fn.__name__ in ("_outlier_amax_kernel", "_outlier_select_kernel"):
+        return f"outliers {fn.__name__.split('_')[2]} w{c['num_warps']}"
     if fn.__name__ == "mla_prefill_gluon_kernel":
         return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"s{c['NUM_STAGES']} ws"
@@ -259,7 +264,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
         return f"heads {part}" + _rotation(c) + f" w{c['num_warps']}" + pdl
     if fn.__name__ == "_quant_qkv_kernel":
         blocks = f" kv{c['KV_BLOCKS']}" if c.get("KV_BLOCKS", 1) > 1 else ""
-        return "quant_qkv" + _rotation(c) + blocks + f" w{c['num_warps']}"
+        return ("quant_qkv" + _rotation(c) + blocks + (" outliers" if c.get("OUTLIERS") else "")
+                + f" w{c['num_warps']}")
     return f"reduce final_map={int(c['HAS_FINAL_MAP'])}"
 
 
@@ -273,6 +279,9 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True),
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, fill_gpu=True),
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, rotation="kron"),
+                # the outlier features kept out (fp8_outliers), plain and rotated
+                dict(fp8=True, config=tk.FP8_CONFIG, outliers=True, split=True),
+                dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, outliers=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, layout="vllm"),
                 # Ampere / Ada, or a layout TMA cannot take: pointer loads
@@ -320,6 +329,7 @@ def scenarios(arch: str) -> list[dict]:
         runs.append(dict(runs[0], rotate=True))
         runs.append(dict(runs[0], rotate=True, fill_gpu=True))
         runs.append(dict(runs[0], rotate=True, rotation="kron"))
+        runs.append(dict(runs[0], outliers=True))
     return runs
 
 

@@ -53,7 +53,7 @@ def arch_config(arch: str, fp8: bool) -> tuple[int, int, int, int]:
     return ARCH_CONFIGS.get(arch, ARCH_CONFIGS["cuda"])[fp8]
 
 if triton is not None:
-    from .triton_quant import DV_C, NOPE_C, ROPE_C, SCALE_BLOCK_C, in_v_order
+    from .triton_quant import DV_C, NOPE_C, ROPE_C, SCALE_BLOCK_C, SIDE_C, in_v_order
 
     LN2_C = tl.constexpr(LN2)
 
@@ -116,10 +116,10 @@ if triton is not None:
     def _attend_blocks(
         acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, SBase, ss_w, vshift,
         lo, n_blocks, offs_m, head, kv_start, kv_end, kv_offset, qk_scale,
-        sk_t, sk_h, sv_t, sv_h, vt_stride,
+        sk_t, sk_h, sv_t, sv_h, vt_stride, q_side, KSide, side_t,
         causal, MASKED: tl.constexpr, FP8: tl.constexpr, P_SHIFT: tl.constexpr,
         BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
-        V_PERM: tl.constexpr,
+        V_PERM: tl.constexpr, OUTLIERS: tl.constexpr,
     ):
         """Online softmax over `n_blocks` key blocks starting at row `lo`.
 
@@ -131,6 +131,9 @@ if triton is not None:
         block's are 8 entries on (a scale row has one entry per 16 columns). `vshift` moves a key
         row to its column of the transposed fp8 v (triton_quant). V_PERM: that copy holds
         its keys in `triton_quant.key_of_column` order, and P takes the same order.
+        OUTLIERS (fp8, core/fp8.py's fp8_outliers): the block's side tile [BLOCK_N, 32] (bf16,
+        in the fp8 product's units) times q's, `q_side`, added to the scores after the two
+        fp8 products (a 32-deep 16-bit product: two wgmma steps on Hopper).
         """
         p_ty = q_nope.dtype
         for i in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
@@ -148,6 +151,11 @@ if triton is not None:
             kn, kr = _load_k(K, Kr, start, head, sk_t, sk_h, kv_end, MASKED, BLOCK_N, USE_TMA)
             s = tl.dot(q_nope, tl.trans(kn))
             s = tl.dot(q_rope, tl.trans(kr), s)
+            if OUTLIERS:
+                keys = start + tl.arange(0, BLOCK_N)
+                ks = tl.load(KSide + keys.to(tl.int64)[:, None] * side_t + head * SIDE_C
+                             + tl.arange(0, SIDE_C)[None, :], mask=(keys < kv_end)[:, None], other=0.0)
+                s = tl.dot(q_side, tl.trans(ks), s)
             if MASKED:
                 cols = start + tl.arange(0, BLOCK_N)
                 visible = cols[None, :] < kv_end
@@ -185,13 +193,14 @@ if triton is not None:
     @triton.jit(do_not_specialize=["ss_w", "sl_t", "sl_h", "spl_t", "spl_h", "num_sub", "causal",
                                    "has_lse"])
     def mla_prefill_kernel(
-        Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
-        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, sqs_t,
+        Q, K, Kr, V, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales, QSide, KSide,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, sqs_t, side_t,
         so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_sub, causal, has_lse,
         FP8: tl.constexpr, P_SHIFT: tl.constexpr,
         USE_TMA: tl.constexpr, V_TMA: tl.constexpr, WARP_SPEC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, V_PERM: tl.constexpr,
+        OUTLIERS: tl.constexpr = False,
     ):
         """Grid: (num_items * num_sub, heads per cluster).
 
@@ -200,7 +209,8 @@ if triton is not None:
         the host guarantees that tiles start at multiples of it from the sequence start (so
         the slice's first row m0 holds its block's scale); key blocks step from
         `kv_start` (a multiple of 128 keys, the k/v scale block, from the sequence start)
-        by BLOCK_N dividing 128.
+        by BLOCK_N dividing 128. OUTLIERS: QSide [Tq, H, 32] and KSide [Tk, H, 32] (row stride
+        side_t) the side tiles of `triton_quant.quantize_qkv(..., outliers=...)`.
         """
         pid = tl.program_id(0)
         item = pid // num_sub
@@ -226,6 +236,11 @@ if triton is not None:
                 scale = qk_scale * tl.load(QScales + m0.to(tl.int64) * sqs_t + head)
             else:
                 scale = qk_scale
+            if OUTLIERS:
+                q_side = tl.load(QSide + offs_m.to(tl.int64)[:, None] * side_t + head * SIDE_C
+                                 + tl.arange(0, SIDE_C)[None, :], mask=row_ok[:, None], other=0.0)
+            else:
+                q_side = 0
 
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -250,16 +265,16 @@ if triton is not None:
             acc, l_i, m_i, c_v = _attend_blocks(
                 acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, sbase, ss_w, vshift,
                 kv_start, n_full, offs_m, head, kv_start, kv_end, kv_offset, scale,
-                sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC, V_PERM,
+                sk_t, sk_h, sv_t, sv_h, vt_stride, q_side, KSide, side_t,
+                causal, False, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, WARP_SPEC, V_PERM, OUTLIERS,
             )
             lo = kv_start + n_full * BLOCK_N
             n_masked = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
             acc, l_i, m_i, c_v = _attend_blocks(
                 acc, l_i, m_i, c_v, q_nope, q_rope, K, Kr, V, sbase, ss_w, vshift,
                 lo, n_masked, offs_m, head, kv_start, kv_end, kv_offset, scale,
-                sk_t, sk_h, sv_t, sv_h, vt_stride,
-                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False, V_PERM,
+                sk_t, sk_h, sv_t, sv_h, vt_stride, q_side, KSide, side_t,
+                causal, True, FP8, P_SHIFT, BLOCK_N, USE_TMA, V_TMA, False, V_PERM, OUTLIERS,
             )
 
             seen = l_i > 0

@@ -284,12 +284,16 @@ def run_prefill(
     partial_lse: torch.Tensor,
     config: TileConfig | None = None,
     quantized: tuple[torch.Tensor, ...] | None = None,
+    sides: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Phase 1 (with the fp8 quantization first when `inputs.fp8`).
 
     `quantized` = (q8, q scales, k8, vt8, scales) from `triton_quant.quantize_qkv` (rotated
-    as `inputs.fp8_rotate` says) skips the quantization (benchmarks time the attention alone
-    with it); `config` overrides the default tile configuration.
+    as `inputs.fp8_rotate` says; with `inputs.fp8_outliers`, `sides` = (q_side, k_side) from
+    the same call) skips the quantization (benchmarks time the attention alone with it);
+    `config` overrides the default tile configuration. The outlier features' side product is
+    the portable kernel's only: with `inputs.fp8_outliers` a Gluon configuration gives way
+    to `default_config`.
     """
     from . import triton_attention as ta
     from . import triton_quant as tq
@@ -316,10 +320,18 @@ def run_prefill(
         if _FP8_STORAGE is not None and _interpreting():
             storage = _FP8_STORAGE  # the interpreter has no fp8: same logic, fp16 storage
         if quantized is None:
+            outliers = None
+            if inputs.fp8_outliers:
+                outliers = tq.outlier_buffers(q, k, inputs.cu_seqlens_q, inputs.cu_seqlens_k, batch,
+                                              plan.max_seqlen_q, plan.max_seqlen_k, _side_dtype())
+                sides = outliers[1:]
             quantized = tq.quantize_qkv(
                 q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, batch, plan.max_seqlen_q,
                 plan.max_seqlen_k, storage, fp8_max, rotate=inputs.fp8_rotate,
-                sms=default_num_workers(device))
+                sms=default_num_workers(device), outliers=outliers)
+        if inputs.fp8_outliers and sides is None:
+            raise ValueError("sides: found None with fp8_outliers, expected the (q_side, k_side) "
+                             "that quantize_qkv(..., outliers=...) filled")
         q_src, q_scales, k8, vt8, scales = quantized
         k_src, v_src = k8, vt8
         kv_dtype = _tl_fp8(storage)
@@ -333,8 +345,10 @@ def run_prefill(
         use_tma = False
     if inputs.k.shape[0] == 0:
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
-    if config.gluon and not (use_tma and (inputs.fp8 or _tma_ok(q, tq.NOPE + tq.ROPE))):
-        # the Gluon kernel loads k/v (and q) through TMA; the Triton kernel covers the rest
+    if config.gluon and (inputs.fp8_outliers
+                         or not (use_tma and (inputs.fp8 or _tma_ok(q, tq.NOPE + tq.ROPE)))):
+        # the Gluon kernel loads k/v (and q) through TMA and has no side product; the Triton
+        # kernel covers the rest
         config = default_config(device, inputs.fp8)
     if config.gluon:
         if not inputs.fp8:
@@ -373,16 +387,19 @@ def run_prefill(
     else:
         sv_t, sv_h = v.stride(0), v.stride(1)
     sqs_t = q_scales.stride(0) if inputs.fp8 else 0
+    outliers = bool(inputs.fp8 and inputs.fp8_outliers)
+    q_side, k_side = sides if outliers else (scales, scales)
     ta.mla_prefill_kernel[grid](
         q_src, k_arg, kr_arg, v_arg, out, lse_arg, partial_out, partial_lse, plan.work_info, scales,
-        q_scales, q_src.stride(0), q_src.stride(1), k_src.stride(0), k_src.stride(1), sv_t, sv_h,
-        vt_stride, ss_w, sqs_t,
+        q_scales, q_side, k_side, q_src.stride(0), q_src.stride(1), k_src.stride(0), k_src.stride(1),
+        sv_t, sv_h, vt_stride, ss_w, sqs_t, q_side.stride(0) if outliers else 0,
         out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0), partial_lse.stride(1),
         inputs.softmax_scale * ta.LOG2E, num_sub, int(plan.causal), int(lse is not None),
         FP8=inputs.fp8, P_SHIFT=p_shift,
         USE_TMA=use_tma, V_TMA=use_tma, WARP_SPEC=config.warp_spec,
         BLOCK_M=config.block_m, BLOCK_N=bn, V_PERM=inputs.fp8 and tq.permuted_v(device),
+        OUTLIERS=outliers,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -532,6 +549,7 @@ class TritonKernel(Kernel):
     priority = 10
     devices = frozenset({"cuda", "rocm"})
     dtypes = frozenset({torch.bfloat16, torch.float16})
+    supports_fp8_outliers = True
     head_dims_qk = frozenset({192})
     head_dims_v = frozenset({128})
     #: (major, minor) needed on CUDA: tensor-core bf16 dots, and fp8 dots
@@ -632,7 +650,9 @@ class TritonKernel(Kernel):
         if replayable is None:
             replayable = plan.memo["replayable"] = (
                 device.type == "cuda" and not torch.version.hip and not _interpreting())
-        if not (replayable and tl_launch.ENABLED):
+        if not (replayable and tl_launch.ENABLED) or inputs.fp8_outliers:
+            # fp8_outliers: its scratch (the selection, the side tiles) is allocated per call,
+            # which a replay cannot follow
             with _on_device(device):
                 self._run_ordinary(inputs, plan, out, lse, scratch)
             return
@@ -679,8 +699,13 @@ class TritonKernel(Kernel):
                       lse: torch.Tensor | None, scratch: dict[str, torch.Tensor]) -> None:
         from . import triton_quant as tq
 
-        quantized = None
+        quantized = sides = outliers = None
         if inputs.fp8 and "k8" in scratch and _quantize_into_supported():
+            if inputs.fp8_outliers:
+                outliers = tq.outlier_buffers(inputs.q, inputs.k, plan.cu_seqlens_q,
+                                              plan.cu_seqlens_k, plan.batch_size, plan.max_seqlen_q,
+                                              plan.max_seqlen_k, _side_dtype())
+                sides = outliers[1:]
             quantized = tq.quantize_qkv(
                 inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k,
                 plan.batch_size, plan.max_seqlen_q, plan.max_seqlen_k,
@@ -688,9 +713,11 @@ class TritonKernel(Kernel):
                 out=(scratch["q8"], scratch["q_scales"], scratch["k8"], scratch["vt8"],
                      scratch["scales"]),
                 rotate=inputs.fp8_rotate, sms=default_num_workers(inputs.q.device),
+                outliers=outliers,
             )
         partial_out, partial_lse = scratch["partial_out"], scratch["partial_lse"]
-        run_prefill(inputs, plan, out, lse, partial_out, partial_lse, quantized=quantized)
+        run_prefill(inputs, plan, out, lse, partial_out, partial_lse, quantized=quantized,
+                    sides=sides)
         if plan.num_partial_tiles:
             self.reduce(ReduceInputs(
                 partial_out=partial_out, partial_lse=partial_lse, reduce_indptr=plan.reduce_indptr,
@@ -746,6 +773,12 @@ def _storage_dtype(fp8_dtype: torch.dtype) -> torch.dtype:
     """What the fp8 copies are stored in: the fp8 format, or what tests set for the interpreter."""
     storage = globals().get("_FP8_STORAGE")
     return storage if storage is not None and _interpreting() else fp8_dtype
+
+
+def _side_dtype() -> torch.dtype:
+    """fp8_outliers' side tiles: bf16 (core/fp8.py); fp16 under the interpreter, which has no
+    bf16 (the tests compare with side_cast in fp16 there)."""
+    return torch.float16 if _interpreting() else torch.bfloat16
 
 
 @functools.cache

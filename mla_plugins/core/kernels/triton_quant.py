@@ -78,7 +78,17 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8 import KV_BLOCK, Q_BLOCK, ROTATION_DIM, ROTATION_SCALE, ROTATION_SIGNS, rotation_pm1
+from ..fp8 import (
+    BF16_MAX,
+    KV_BLOCK,
+    OUTLIER_FEATURES,
+    OUTLIER_WIDTH,
+    Q_BLOCK,
+    ROTATION_DIM,
+    ROTATION_SCALE,
+    ROTATION_SIGNS,
+    rotation_pm1,
+)
 
 try:
     import triton
@@ -136,6 +146,8 @@ ROTATION = "dense"
 #: rows (2 CTAs per SM), 80 / 64 at 32 rows, 77 / 64 at 64
 KRON_ROWS = 16
 KRON_ROWS_ALLOWED = (16, 32, 64)
+#: rows of q and of k one program of the outlier selection's first pass reads per head
+OUTLIER_CHUNK = 64
 
 assert NOPE + ROPE == ROTATION_DIM
 
@@ -147,6 +159,9 @@ if triton is not None:
     SCALE_BLOCK_C = tl.constexpr(SCALE_BLOCK)
     QBLOCK_C = tl.constexpr(QBLOCK)
     ROTATION_SCALE_C = tl.constexpr(ROTATION_SCALE)
+    OUTLIERS_C = tl.constexpr(OUTLIER_FEATURES)
+    SIDE_C = tl.constexpr(OUTLIER_WIDTH)
+    BF16_MAX_C = tl.constexpr(BF16_MAX)
 
     @triton.jit
     def max_nan(a, b):
@@ -400,15 +415,123 @@ if triton is not None:
         tl.store(dst + NOPE_C + off + tl.arange(0, ROPE_C)[None, :], yr, mask=ok)
 
     @triton.jit
+    def kept_features(Sel, b, h, heads, OUTLIERS: tl.constexpr):
+        """fp8_outliers (core/fp8.py): (sel [8] int32, keep_n [1, 128], keep_r [1, 64]) of
+        sequence b, head h: its selected features and the masks of the others; zeros
+        without OUTLIERS (not read)."""
+        if OUTLIERS:
+            sel = tl.load(Sel + (b * heads + h) * OUTLIERS_C + tl.arange(0, OUTLIERS_C))
+            hit_n = tl.sum((tl.arange(0, NOPE_C)[None, :] == sel[:, None]).to(tl.int32), 0)
+            hit_r = tl.sum(((tl.arange(0, ROPE_C) + NOPE_C)[None, :] == sel[:, None]).to(tl.int32), 0)
+            keep_n = (hit_n == 0)[None, :]
+            keep_r = (hit_r == 0)[None, :]
+        else:
+            sel, keep_n, keep_r = 0, 0, 0
+        return sel, keep_n, keep_r
+
+    @triton.jit
+    def drop(xn, xr, keep_n, keep_r, OUTLIERS: tl.constexpr):
+        """Rows (nope, rope) with the selected features zeroed (OUTLIERS), else as they are."""
+        if OUTLIERS:
+            xn = tl.where(keep_n, xn, tl.zeros_like(xn))
+            xr = tl.where(keep_r, xr, tl.zeros_like(xr))
+        return xn, xr
+
+    @triton.jit
+    def write_side(src, s_t, n_rows, sel, s, dst, dst_t, ROWS: tl.constexpr, Q_SIDE: tl.constexpr):
+        """core/fp8.py's side_cast for rows [0, ROWS) of one head of q (Q_SIDE) or k (those
+        below n_rows) at src (token stride s_t): u = the selected features `sel` times 1 / s
+        (the block's scale), NaN -> 0, clamped to +-BF16_MAX, split as hi + lo in dst's
+        dtype, stored at dst (row stride dst_t) as [ROWS, 32]: q [hi, hi, lo, 0], k [hi, lo,
+        hi, 0], 8 columns a group."""
+        t = tl.arange(0, ROWS)
+        c = tl.arange(0, SIDE_C)
+        group = c // OUTLIERS_C
+        feat = tl.sum(tl.where((c % OUTLIERS_C)[:, None] == tl.arange(0, OUTLIERS_C)[None, :],
+                               sel[None, :], 0), 1)
+        ok = (t < n_rows)[:, None]
+        x = tl.load(src + t[:, None] * s_t + feat[None, :], mask=ok & (group < 3)[None, :],
+                    other=0.0)
+        u = x.to(tl.float32) * reciprocal(s)
+        u = tl.clamp(tl.where(u != u, 0.0, u), -BF16_MAX_C, BF16_MAX_C)
+        side_ty: tl.constexpr = dst.dtype.element_ty
+        hi = u.to(side_ty)
+        lo = (u - hi.to(tl.float32)).to(side_ty)
+        LO_GROUP: tl.constexpr = 2 if Q_SIDE else 1
+        tl.store(dst + t[:, None] * dst_t + c[None, :], tl.where((group == LO_GROUP)[None, :], lo, hi),
+                 mask=ok)
+
+    @triton.jit
+    def _feature_amax(src, r0, r1, c, s_t, s_h, h, dst, CHUNK: tl.constexpr):
+        """Rows [c * CHUNK, (c + 1) * CHUNK) of one head of a sequence's q or k (rows r0 ...
+        r1 of src): each feature's largest `abs_bits` (int16: NaN above inf, so an integer
+        max propagates it) at dst [192]; rows past r1 count as zeros."""
+        t = tl.arange(0, CHUNK)
+        first = r0 + c * CHUNK
+        ok = (t < r1 - first)[:, None]
+        xn, xr = load_rows(src + h.to(tl.int64) * s_h + first.to(tl.int64) * s_t, t[:, None] * s_t, ok)
+        tl.store(dst + tl.arange(0, NOPE_C), tl.reduce(abs_bits(xn), 0, _imax))
+        tl.store(dst + NOPE_C + tl.arange(0, ROPE_C), tl.reduce(abs_bits(xr), 0, _imax))
+
+    @triton.jit
+    def _outlier_amax_kernel(Q, K, AMax, CuQ, CuK, sq_t, sq_h, sk_t, sk_h, heads,
+                             CHUNK: tl.constexpr):
+        """Grid (chunks of the longest sequence, sequences, heads): the per-feature amax bits
+        of chunk c of sequence b's q rows and of its k rows, head h, at
+        AMax[c, b, h, 0 (q) / 1 (k), :192] (`_feature_amax`); a chunk past both of the
+        sequence's lengths writes nothing (`_outlier_select_kernel` reads only its own)."""
+        c = tl.program_id(0)
+        b = tl.program_id(1)
+        h = tl.program_id(2)
+        q0 = tl.load(CuQ + b)
+        q1 = tl.load(CuQ + b + 1)
+        k0 = tl.load(CuK + b)
+        k1 = tl.load(CuK + b + 1)
+        if c * CHUNK < tl.maximum(q1 - q0, k1 - k0):
+            dst = AMax + (((c * tl.num_programs(1) + b) * heads + h) * 2).to(tl.int64) * (NOPE_C + ROPE_C)
+            _feature_amax(Q, q0, q1, c, sq_t, sq_h, h, dst, CHUNK)
+            _feature_amax(K, k0, k1, c, sk_t, sk_h, h, dst + NOPE_C + ROPE_C, CHUNK)
+
+    @triton.jit
+    def _outlier_select_kernel(Q, AMax, Sel, CuQ, CuK, heads, CHUNK: tl.constexpr):
+        """Grid (sequences, heads): core/fp8.py's `outlier_features` from the chunks' amax bits
+        (`_outlier_amax_kernel`): score_f = amax|q_f| * amax|k_f| in float32 (NaN -> +inf),
+        the 8 largest taken one at a time (ties to the lower feature), stored at Sel[b, h]
+        in ascending feature order."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        n = tl.maximum(tl.load(CuQ + b + 1) - tl.load(CuQ + b), tl.load(CuK + b + 1) - tl.load(CuK + b))
+        f = tl.arange(0, 256)
+        real = f < NOPE_C + ROPE_C
+        aq = tl.zeros([256], dtype=tl.int16)
+        ak = tl.zeros([256], dtype=tl.int16)
+        for c in tl.range(0, tl.cdiv(n, CHUNK)):
+            src = AMax + (((c * tl.num_programs(0) + b) * heads + h) * 2).to(tl.int64) * (NOPE_C + ROPE_C)
+            aq = tl.maximum(aq, tl.load(src + f, mask=real, other=0))
+            ak = tl.maximum(ak, tl.load(src + NOPE_C + ROPE_C + f, mask=real, other=0))
+        in_ty = Q.dtype.element_ty
+        score = aq.to(in_ty, bitcast=True).to(tl.float32) * ak.to(in_ty, bitcast=True).to(tl.float32)
+        score = tl.where(score != score, float("inf"), score)
+        score = tl.where(real, score, -1.0)
+        chosen = f < 0
+        for _i in tl.static_range(OUTLIERS_C):
+            top = tl.max(score, 0)
+            idx = tl.min(tl.where(score == top, f, 256), 0)
+            chosen = chosen | (f == idx)
+            score = tl.where(f == idx, -2.0, score)
+        rank = tl.cumsum(chosen.to(tl.int32), 0) - 1
+        tl.store(Sel + (b * heads + h) * OUTLIERS_C + rank, f, mask=chosen)
+
+    @triton.jit
     def _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv, n_rows, n_cols,
-                   sk_t, sv_t, heads, inv_k, inv_v, m_nn, m_rn, m_nr, m_rr,
+                   sk_t, sv_t, heads, inv_k, inv_v, m_nn, m_rn, m_nr, m_rr, keep_n, keep_r,
                    FP8_MAX: tl.constexpr, out_ty: tl.constexpr, SUB: tl.constexpr,
-                   ROTATE: tl.constexpr):
+                   ROTATE: tl.constexpr, OUTLIERS: tl.constexpr):
         """Sweep 2 of `_kv_block` over part p (rows p * SUB ... of the block): k8 rows and the
         transposed v tile (as `_v_part`). n_rows: the block's rows in the sequence; n_cols: vt8
         columns up to the next sequence's first."""
         ok = (t < n_rows - p * SUB)[:, None]
-        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
+        kn, kr = drop(*load_rows(src + p * SUB * sk_t, k_off, ok), keep_n, keep_r, OUTLIERS)
         if ROTATE:
             yn, yr = rotate_to_fp8(kn, kr, inv_k, m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty)
         else:
@@ -446,10 +569,10 @@ if triton is not None:
     @triton.jit
     def _kv_block(
         j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
-        m_nn, m_rn, m_nr, m_rr,
+        m_nn, m_rn, m_nr, m_rr, Sel, KSide,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
         PERMUTED: tl.constexpr, ROTATE: tl.constexpr, KRON: tl.constexpr,
-        KRON_ROWS: tl.constexpr, HOISTED: tl.constexpr,
+        KRON_ROWS: tl.constexpr, HOISTED: tl.constexpr, OUTLIERS: tl.constexpr,
     ):
         """Key block j of sequence b, heads g * HEADS_PER_PROGRAM ...: k8, vt8 and the scales.
 
@@ -462,6 +585,9 @@ if triton is not None:
         PARTS = 1: the block's rows are loaded once, held, cast. PARTS = 2: two sweeps over
         halves of the block, the first for the amax (ROTATE: k's l1 bound), the second (from
         L2) to cast, so a program holds half the rows (fewer registers, more programs per SM).
+
+        OUTLIERS: k's selected features (`kept_features`) zeroed wherever its rows are loaded,
+        and the block's side tile written at KSide (`write_side`; not with KRON).
         """
         k0 = tl.load(CuK + b)
         k1 = tl.load(CuK + b + 1)
@@ -491,6 +617,7 @@ if triton is not None:
                 vsrc = V + h.to(tl.int64) * sv_h + r0.to(tl.int64) * sv_t
                 dst = K8 + (r0.to(tl.int64) * heads + h) * (NOPE_C + ROPE_C)
                 vrow = VT8 + (h * DV_C).to(tl.int64) * vt_stride + col0
+                sel, keep_n, keep_r = kept_features(Sel, b, h, heads, OUTLIERS)
                 # values stay in the input dtype until the cast: the amax is exact there (a
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
@@ -508,7 +635,7 @@ if triton is not None:
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                         s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
                     else:
-                        kn, kr = load_rows(src, k_off, ok)
+                        kn, kr = drop(*load_rows(src, k_off, ok), keep_n, keep_r, OUTLIERS)
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                         yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, o_nn, o_rn, o_nr,
                                                 o_rr)
@@ -524,7 +651,7 @@ if triton is not None:
                     # the parts' loads), merged row by row, then one reduction per tile
                     # (ROTATE: each row's l1 sum, merged by max over the parts' rows)
                     ok = (t < k1 - r0)[:, None]
-                    kn, kr = load_rows(src, k_off, ok)
+                    kn, kr = drop(*load_rows(src, k_off, ok), keep_n, keep_r, OUTLIERS)
                     if ROTATE:
                         m_kb = tl.reduce(l1_bits(kn, kr), 0, _imax)
                         m_kn, m_kr = 0, 0
@@ -536,7 +663,8 @@ if triton is not None:
                     m_v = tl.reduce(abs_bits(tl.load(vsrc + v_off, mask=ok_v, other=0.0)), 1, _imax)
                     for p in tl.static_range(1, PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
-                        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
+                        kn, kr = drop(*load_rows(src + p * SUB * sk_t, k_off, ok), keep_n, keep_r,
+                                      OUTLIERS)
                         if ROTATE:
                             m_kb = tl.maximum(m_kb, tl.reduce(l1_bits(kn, kr), 0, _imax))
                         else:
@@ -575,18 +703,25 @@ if triton is not None:
                         for p in tl.range(0, PARTS, num_stages=1):
                             _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
                                        k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
-                                       o_nn, o_rn, o_nr, o_rr, FP8_MAX, out_ty, SUB, ROTATE)
+                                       o_nn, o_rn, o_nr, o_rr, keep_n, keep_r, FP8_MAX, out_ty, SUB,
+                                       ROTATE, OUTLIERS)
                     else:
                         for p in tl.static_range(PARTS):
                             _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
                                        k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
-                                       o_nn, o_rn, o_nr, o_rr, FP8_MAX, out_ty, SUB, ROTATE)
+                                       o_nn, o_rn, o_nr, o_rr, keep_n, keep_r, FP8_MAX, out_ty, SUB,
+                                       ROTATE, OUTLIERS)
                 if last:
                     # the gap can reach 16 columns past the block (it is < 32 columns long)
                     tail = SCALE_BLOCK_C + tl.arange(0, 16)
                     zeros = tl.zeros([DV_C, 16], dtype=tl.float32).to(out_ty)
                     tl.store(vrow + c_v[:, None] * vt_stride + tail[None, :], zeros,
                              mask=(tail < next_start - col0)[None, :])
+                if OUTLIERS:
+                    if r0 < k1:
+                        write_side(src, sk_t, k1 - r0, sel, s_k,
+                                   KSide + (r0.to(tl.int64) * heads + h) * SIDE_C, heads * SIDE_C,
+                                   SCALE_BLOCK_C, False)
                 if r0 < k1:
                     sidx = col0 // 16
                     tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
@@ -594,12 +729,13 @@ if triton is not None:
 
     @triton.jit
     def _q_blocks(
-        j, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads,
+        j, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, Sel, QSide,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, Q_BLOCKS: tl.constexpr,
-        ROTATE: tl.constexpr, KRON: tl.constexpr, KRON_ROWS: tl.constexpr,
+        ROTATE: tl.constexpr, KRON: tl.constexpr, KRON_ROWS: tl.constexpr, OUTLIERS: tl.constexpr,
     ):
         """q blocks j * Q_BLOCKS ... of sequence b (64 rows each, from the sequence's
-        start), heads g * HEADS_PER_PROGRAM ...: q8 and each row's block scale."""
+        start), heads g * HEADS_PER_PROGRAM ...: q8 and each row's block scale (OUTLIERS: the
+        selected features zeroed, the block's side tile at QSide, as `_kv_block`)."""
         q0 = tl.load(CuQ + b)
         q1 = tl.load(CuQ + b + 1)
         first = q0 + j * (Q_BLOCKS * QBLOCK_C)
@@ -631,11 +767,16 @@ if triton is not None:
                                       reciprocal(s_q) * ROTATION_SCALE_C, m_nn, m_rn, m_nr,
                                       FP8_MAX, out_ty, QBLOCK_C, KRON_ROWS)
                         else:
-                            qn, qr = load_rows(src, q_off, ok)
+                            sel, keep_n, keep_r = kept_features(Sel, b, h, heads, OUTLIERS)
+                            qn, qr = drop(*load_rows(src, q_off, ok), keep_n, keep_r, OUTLIERS)
                             yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
                                                     m_nr, m_rr)
                             store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok,
                                        yn, yr)
+                            if OUTLIERS:
+                                write_side(src, sq_t, q1 - r0, sel, s_q,
+                                           QSide + (r0.to(tl.int64) * heads + h) * SIDE_C,
+                                           heads * SIDE_C, QBLOCK_C, True)
                         # the block's scale at each of its rows (fp8.block_scales' layout)
                         tl.store(QS + (r0 + t).to(tl.int64) * heads + h,
                                  tl.full([QBLOCK_C], 0.0, tl.float32) + s_q, mask=ok_r)
@@ -644,11 +785,12 @@ if triton is not None:
     # the batch: not specialized, one variant per model
     @triton.jit(do_not_specialize=["ss_w", "n_kv"])
     def _quant_qkv_kernel(
-        Q, K, V, Q8, QS, K8, VT8, Scales, CuQ, CuK, Rot,
+        Q, K, V, Q8, QS, K8, VT8, Scales, CuQ, CuK, Rot, Sel, QSide, KSide,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads, n_kv,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
         PERMUTED: tl.constexpr, ROTATE: tl.constexpr, Q_BLOCKS: tl.constexpr,
         KRON: tl.constexpr, KRON_ROWS: tl.constexpr, KV_BLOCKS: tl.constexpr,
+        OUTLIERS: tl.constexpr,
     ):
         """Grid (n_kv + q programs of the longest query sequence, sequences, heads /
         HEADS_PER_PROGRAM): programs j < n_kv quantize key blocks j * KV_BLOCKS ... of k and
@@ -658,6 +800,10 @@ if triton is not None:
         ROTATE: q and k rotated by M (`Rot`, [192, 192] in the inputs' dtype) with the l1
         bound as their scale (core/fp8.py); Rot is not read otherwise. KRON (with ROTATE):
         the rotation through its Kronecker structure (`kron_to_fp8`), Rot `kron_operand`.
+        OUTLIERS (core/fp8.py's fp8_outliers, not with KRON): each (sequence, head)'s selected
+        features (Sel [B, H, 8], `select_outliers`) zeroed in q and k before the rule, their
+        values in the side tiles QSide [Tq, H, 32] and KSide [Tk, H, 32] (bf16; fp16 in the
+        interpreter).
         """
         j = tl.program_id(0)
         b = tl.program_id(1)
@@ -669,12 +815,12 @@ if triton is not None:
                     m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
             for jj in tl.range(0, KV_BLOCKS, num_stages=1):
                 _kv_block(j * KV_BLOCKS + jj, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h,
-                          sv_t, sv_h, vt_stride, ss_w, heads, m_nn, m_rn, m_nr, m_rr, FP8_MAX,
-                          HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE, KRON, KRON_ROWS,
-                          KV_BLOCKS > 1)
+                          sv_t, sv_h, vt_stride, ss_w, heads, m_nn, m_rn, m_nr, m_rr, Sel, KSide,
+                          FP8_MAX, HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE, KRON, KRON_ROWS,
+                          KV_BLOCKS > 1, OUTLIERS)
         else:
-            _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, FP8_MAX,
-                      HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS)
+            _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, Sel, QSide, FP8_MAX,
+                      HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS, OUTLIERS)
 
 def rotated_qkv_blocks(max_seqlen_q: int, max_seqlen_k: int, batch: int, heads: int,
                        sms: int) -> tuple[int, int]:
@@ -834,9 +980,15 @@ def quantize_qkv(
     permuted: bool | None = None,
     kv_blocks: int | None = None,
     sms: int | None = None,
+    outliers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], q scales float32 [Tq, H], k8 [Tk, H, 192], vt8 [H * 128, T_pad],
     scales float32 [2, H, T_pad / 16]) in one launch (module doc for the layouts).
+
+    `outliers` = (sel int32 [B, H, 8] from `select_outliers`, q_side [Tq, H, 32], k_side
+    [Tk, H, 32], bf16 or fp16): core/fp8.py's fp8_outliers, the selected features kept out
+    of q8 and k8 and written, in their block's units, to the two side tiles (needs q; not
+    with the "kron" rotation).
 
     q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128]: bf16/fp16, any token and head strides,
     contiguous features. q None (with cu_seqlens_q None): k and v only, q8 and q scales
@@ -862,6 +1014,13 @@ def quantize_qkv(
         raise ValueError("rotation: found 'gluon', implemented for the per-head cast only "
                          "(triton_heads.quantize_heads, the FA3 provider's); pass "
                          "rotation='dense' or 'kron' to the block rule's quantize_qkv")
+    if outliers is not None:
+        if q is None:
+            raise ValueError("outliers: found side tiles with q None, expected q (the selection "
+                             "reads q and k)")
+        if rotate and kron:
+            raise ValueError("rotation: found 'kron' with outliers, expected 'dense' (the "
+                             "Kronecker cast reloads the rows the selection zeroes)")
     total_k, heads = k.shape[0], k.shape[1]
     total_q = 0 if q is None else q.shape[0]
     t_pad = vt_padded_len(total_k, batch)
@@ -877,7 +1036,10 @@ def quantize_qkv(
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     # at least one block per sequence when there are keys: an empty one still writes its
     # zero columns
-    if rotate and not kron and sms is not None and kv_blocks is None and q_blocks is None:
+    # fp8_outliers: one block a program (several hoist the rotation's operands, which with
+    # the outliers' masks spill on sm_90: tests/compile)
+    if (rotate and not kron and sms is not None and kv_blocks is None and q_blocks is None
+            and outliers is None):
         kv_blocks, q_blocks = rotated_qkv_blocks(max_seqlen_q, max_seqlen_k, batch, heads, sms)
     if kv_blocks is None:
         kv_blocks = KV_BLOCKS
@@ -895,17 +1057,54 @@ def quantize_qkv(
     rot = rotation_operand(k.device, k.dtype, rotation) if rotate else k
     qa = q if q is not None and total_q else k  # not read when there are no q programs
     grid = (n_kv + n_q, batch, heads // hpp)
+    sel, q_side, k_side = outliers if outliers is not None else (scales, scales, scales)
     _quant_qkv_kernel[grid](
         qa, k, v, q8 if q8 is not None else k8, qs if qs is not None else scales, k8, vt8, scales,
         cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens_k, cu_seqlens_k, rot,
+        sel, q_side, k_side,
         qa.stride(0), qa.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad,
         scales.stride(0), heads, n_kv,
         FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
         PERMUTED=permuted_v(k.device) if permuted is None else permuted, ROTATE=bool(rotate),
         Q_BLOCKS=q_blocks, KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, KV_BLOCKS=kv_blocks,
+        OUTLIERS=outliers is not None,
         num_warps=quant_warps(k.device, rotate, rotation) if num_warps is None else num_warps,
     )
     return q8, qs, k8, vt8, scales
+
+
+def select_outliers(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, batch: int, max_seqlen_q: int,
+                    max_seqlen_k: int) -> torch.Tensor:
+    """int32 [B, H, 8]: core/fp8.py's `outlier_features` of each (sequence, head), in two
+    launches (per-feature amax bits over OUTLIER_CHUNK-row chunks, then the selection); the
+    chunks' scratch is allocated here (the Triton provider does not replay such calls)."""
+    heads = k.shape[1]
+    sel = torch.empty(batch, heads, OUTLIER_FEATURES, dtype=torch.int32, device=k.device)
+    if batch == 0:
+        return sel
+    chunks = triton.cdiv(max(max_seqlen_q, max_seqlen_k), OUTLIER_CHUNK)
+    amax = torch.empty(max(chunks, 1), batch, heads, 2, ROTATION_DIM, dtype=torch.int16,
+                       device=k.device)
+    if chunks:
+        _outlier_amax_kernel[(chunks, batch, heads)](
+            q, k, amax, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), k.stride(0),
+            k.stride(1), heads, CHUNK=OUTLIER_CHUNK, num_warps=4)
+    _outlier_select_kernel[(batch, heads)](q, amax, sel, cu_seqlens_q, cu_seqlens_k, heads,
+                                           CHUNK=OUTLIER_CHUNK, num_warps=4)
+    return sel
+
+
+def outlier_buffers(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int,
+                    side_dtype: torch.dtype = torch.bfloat16
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`quantize_qkv`'s `outliers` argument: the selection and the two side tiles to fill
+    (`side_dtype` bf16; fp16 under the interpreter, which has no bf16)."""
+    sel = select_outliers(q, k, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k)
+    q_side = torch.empty(q.shape[0], q.shape[1], OUTLIER_WIDTH, dtype=side_dtype, device=q.device)
+    k_side = torch.empty(k.shape[0], k.shape[1], OUTLIER_WIDTH, dtype=side_dtype, device=k.device)
+    return sel, q_side, k_side
 
 
 def quantize_kv(

@@ -1,0 +1,302 @@
+"""fp8_outliers (core/fp8.py, issue 22): each (sequence, head)'s outlier features of q and k
+kept out of the fp8 cast, their product added from float32 side tiles.
+
+The rule, the torch kernel and the float64 reference run anywhere; the Triton ones
+(selection, quantization, the portable attention kernel's side product) through the
+interpreter (TRITON_INTERPRET=1), which stores the fp8 path's scaled values in fp16 (see
+test_fp8_blocks.py): there the selection, the zeroing and the side tiles are checked bit
+for bit against the rule, the fp8 rounding on the GPU (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mla_plugins
+from mla_plugins.core import fp8
+from mla_plugins.core.kernels.base import Kernel
+from mla_plugins.core.reference import reference_attention, relative_error
+from tests.core.helpers import cu_seqlens, poisoned, random_batch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from accuracy import recipe  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interp = pytest.mark.skipif(not INTERP, reason="runs the Triton interpreter: set TRITON_INTERPRET=1")
+FP8 = torch.float8_e4m3fn
+LENS_Q, LENS_K = [70, 0, 130, 90], [150, 40, 200, 90]
+
+
+def _outlier_batch(dtype, *, scale=20.0, seed=0):
+    """A batch whose sequences carry different outlier features (per sequence and head)."""
+    heads = 3
+    q, k, v, cq, ck = random_batch(LENS_Q, LENS_K, heads, dtype=dtype, seed=seed)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    for b in range(len(LENS_Q)):
+        for h in range(heads):
+            for f in (7 + 11 * b + h, 130 + 5 * b, 190 - h):
+                q[cqh[b]:cqh[b + 1], h, f] *= scale
+                k[ckh[b]:ckh[b + 1], h, f] *= scale
+    return q, k, v, cq, ck
+
+
+def test_selection_takes_the_outlier_features():
+    q, k, _, cq, ck = _outlier_batch(torch.bfloat16)
+    sel = fp8.outlier_features(q, k, cq.tolist(), ck.tolist())
+    assert sel.shape == (len(LENS_Q), 3, fp8.OUTLIER_FEATURES)
+    for b in (0, 2, 3):
+        for h in range(3):
+            got = set(sel[b, h].tolist())
+            assert {7 + 11 * b + h, 130 + 5 * b, 190 - h} <= got, (b, h, got)
+            assert sel[b, h].tolist() == sorted(got)
+    # sequence 1 has keys but no query rows: every score is 0, ties go to the lower features
+    assert sel[1].tolist() == [list(range(8))] * 3
+
+
+def test_selection_edge_values():
+    """NaN scores count as +inf (taken first), inf * 0 too; ties to the lower feature."""
+    q = torch.ones(4, 1, 192, dtype=torch.bfloat16)
+    k = torch.ones(4, 1, 192, dtype=torch.bfloat16)
+    q[1, 0, 50] = float("nan")
+    q[2, 0, 60] = float("inf")
+    k[:, 0, 60] = 0.0  # inf * 0 = NaN -> +inf
+    k[3, 0, 170] = 2.0
+    sel = fp8.outlier_features(q, k, [0, 4], [0, 4])
+    assert sel[0, 0].tolist() == [0, 1, 2, 3, 4, 50, 60, 170]
+
+
+def test_split_rule_isolates_sequences():
+    """A sequence's selection, fp8 values, scales and side tiles are those of it run alone,
+    next to a sequence holding inf, NaN and 1e30 (in an outlier feature and elsewhere)."""
+    q, k, v, cq, ck = _outlier_batch(torch.bfloat16)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    q[cqh[2] + 5, 0, 3] = float("inf")
+    k[ckh[2] + 9, 1, 130 + 10] = float("nan")
+    k[ckh[2] + 20, 2, 33] = 1e30
+    feats = fp8.outlier_features(q, k, cqh, ckh)
+    for x, cu, block, op in ((q, cqh, fp8.Q_BLOCK, "q"), (k, ckh, fp8.KV_BLOCK, "k")):
+        x8, scale, side = fp8.split_quantize(x, cu, feats, FP8, block=block, operand=op)
+        assert torch.isfinite(side).all() and torch.isfinite(x8.float()).all()
+        for b in (0, 3):
+            rows = slice(cu[b], cu[b + 1])
+            one = [0, cu[b + 1] - cu[b]]
+            f1 = fp8.outlier_features(q[cqh[b]:cqh[b + 1]], k[ckh[b]:ckh[b + 1]],
+                                      [0, cqh[b + 1] - cqh[b]], [0, ckh[b + 1] - ckh[b]])
+            assert torch.equal(f1[0], feats[b])
+            a8, a_s, a_side = fp8.split_quantize(x[rows], one, f1, FP8, block=block, operand=op)
+            assert torch.equal(x8[rows].view(torch.uint8), a8.view(torch.uint8))
+            assert torch.equal(scale[rows], a_s)
+            assert torch.equal(side[rows], a_side)
+
+
+def test_side_tiles_hold_hi_and_lo():
+    """side_cast: u = x / scale as hi + lo in bf16, q [hi, hi, lo, 0], k [hi, lo, hi, 0], so
+    that the 32-deep product is sum qh kh + qh kl + ql kh (only ql kl, ~2^-18 of it, left)."""
+    x = torch.tensor([[[1.0 + 2**-11, -(3.0 + 2**-12), 1.0 + 2**-9, 3.0, 0.0, float("nan"),
+                        float("inf"), -1e39]]])
+    scale = torch.full((1, 1), 0.5)
+    u = torch.tensor([2.0 + 2**-10, -(6.0 + 2**-11), 2.0 + 2**-8, 6.0, 0.0, 0.0, fp8.BF16_MAX,
+                      -fp8.BF16_MAX])
+    qs, ks = fp8.side_cast(x, scale, "q"), fp8.side_cast(x, scale, "k")
+    assert qs.dtype == ks.dtype == torch.bfloat16 and qs.shape == (1, 1, 32)
+    hi, lo = qs[0, 0, :8].float(), qs[0, 0, 16:24].float()
+    assert torch.equal(hi + lo, u) and torch.equal(u.bfloat16().float(), hi)
+    assert torch.equal(qs[0, 0, 8:16], qs[0, 0, :8]) and (qs[0, 0, 24:] == 0).all()
+    assert torch.equal(ks[0, 0, :8], qs[0, 0, :8]) and torch.equal(ks[0, 0, 16:24], qs[0, 0, :8])
+    assert torch.equal(ks[0, 0, 8:16], qs[0, 0, 16:24]) and (ks[0, 0, 24:] == 0).all()
+    # the product of a q row and a k row of the same values: u^2 but for lo * lo
+    y = torch.randn(1, 1, 8) * 100
+    qy, ky = fp8.side_cast(y, torch.ones(1, 1), "q"), fp8.side_cast(y, torch.ones(1, 1), "k")
+    got = (qy.double() * ky.double()).sum()
+    want = (y.double() ** 2).sum()
+    assert abs(got - want) <= 2**-15 * want
+
+
+@pytest.mark.parametrize("value,bound", [(1, 0.05), (10, 0.06), (30, 0.10)])
+def test_torch_kernel_meets_issue_22_on_the_cpu(value, bound):
+    """Issue 22's CPU goals (torch kernel, 384 tokens, 4 heads, features 7 and 128-131 of q
+    and k scaled): within the bound with fp8_outliers, and well under the rotation at x30
+    (measured 0.027-0.028 against 0.104-0.106; benchmarks/NOTES.md)."""
+    q, k, v, cu = recipe("outliers", value, "cpu", seed=7, shape=(384, 4))
+    ref, ref_lse = reference_attention(q, k, v, cu, cu)
+    out, lse = mla_plugins.mla_prefill(q, k, v, cu, cu, fp8=True, kernel="torch",
+                                       fp8_outliers=True, return_lse=True)
+    err = relative_error(out, ref)
+    assert err < bound, err
+    # the lse as close as the block rule's own (1.3e-3 at x1, smaller with outliers)
+    plain, plain_lse = mla_plugins.mla_prefill(q, k, v, cu, cu, fp8=True, kernel="torch",
+                                               return_lse=True)
+    assert relative_error(lse, ref_lse) < max(1.5 * relative_error(plain_lse, ref_lse), 1e-3)
+    if value == 30:
+        rotated = mla_plugins.mla_prefill(q, k, v, cu, cu, fp8=True, kernel="torch", fp8_rotate=True)
+        assert err < 0.5 * relative_error(rotated, ref)
+
+
+@pytest.mark.parametrize("rotate", [False, True])
+def test_torch_kernel_matches_the_reference(rotate):
+    q, k, v, cq, ck = _outlier_batch(torch.bfloat16)
+    out = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, kernel="torch", fp8_outliers=True,
+                                  fp8_rotate=rotate)
+    ref8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8, fp8_outliers=True,
+                                  fp8_rotate=rotate)
+    plain8, _ = reference_attention(q, k, v, cq, ck, fp8_dtype=FP8)
+    ref, _ = reference_attention(q, k, v, cq, ck)
+    assert relative_error(out, ref8) < 1e-2
+    assert relative_error(out, ref) < 0.5 * relative_error(plain8, ref)
+
+
+def test_arguments_are_checked(monkeypatch):
+    q, k, v, cq, ck = random_batch([5], [5], 1)
+    with pytest.raises(TypeError, match="fp8_outliers: found int"):
+        mla_plugins.mla_prefill(q, k, v, cq, ck, kernel="torch", fp8_outliers=1)
+    q8, k8, _, _, _ = random_batch([5], [5], 1, dqk=8)
+    with pytest.raises(ValueError, match="fp8_outliers: found True with query/key head dim 8"):
+        mla_plugins.mla_prefill(q8, k8, v, cq, ck, kernel="torch", fp8_outliers=True)
+    # fp8=False: nothing to keep out, no error
+    mla_plugins.mla_prefill(q, k, v, cq, ck, kernel="torch", fp8=False, fp8_outliers=True)
+    # MLA_PLUGINS_FP8_OUTLIERS turns it on for calls that leave it None
+    monkeypatch.setenv("MLA_PLUGINS_FP8_OUTLIERS", "1")
+    q, k, v, cq, ck = _outlier_batch(torch.bfloat16)
+    on = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, kernel="torch")
+    monkeypatch.delenv("MLA_PLUGINS_FP8_OUTLIERS")
+    assert torch.equal(on, mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, kernel="torch",
+                                                   fp8_outliers=True))
+
+
+def test_a_kernel_without_it_says_so():
+    class Plain(Kernel):
+        name = "plain"
+        devices = frozenset({"cpu"})
+
+    q, k, v, cq, ck = random_batch([5], [5], 1)
+    from mla_plugins.core.api import _prefill_inputs
+
+    inputs = _prefill_inputs(q, k, v, cq, ck, None, True, True, None, fp8_outliers=True)
+    assert inputs.fp8_outliers
+    assert any("fp8_outliers=True not supported" in r for r in Plain().not_supported_reasons(inputs))
+    plain = _prefill_inputs(q, k, v, cq, ck, None, True, True, None)
+    assert not Plain().not_supported_reasons(plain)
+
+
+def test_a_plan_of_another_kernel_is_refused(monkeypatch):
+    """A plan whose kernel cannot keep the outliers out refuses the call by name rather than
+    run without them (kernel="auto" takes the plan's kernel without a new selection)."""
+    from mla_plugins.core.kernels.torch_kernel import TorchKernel
+
+    q, k, v, cq, ck = random_batch([64], [64], 1)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=1, kernel="torch")
+    monkeypatch.setattr(TorchKernel, "supports_fp8_outliers", False)
+    with pytest.raises(ValueError, match="fp8_outliers: found True, but the plan's kernel 'torch'"):
+        mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=True, fp8_outliers=True)
+    # and a pinned kernel without it lists the reason among its rejections
+    with pytest.raises(ValueError, match="fp8_outliers=True not supported"):
+        mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, kernel="torch", fp8_outliers=True)
+
+
+# -- the Triton kernels, through the interpreter ---------------------------------------------
+
+
+@needs_interp
+def test_triton_selection_follows_the_rule():
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, _, cq, ck = _outlier_batch(torch.float16)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    q[cqh[2] + 3, 1, 40] = float("nan")
+    k[ckh[3] + 1, 0, 41] = float("inf")
+    k[ckh[0]:ckh[1], 2, 99] = 0.0
+    q[cqh[0] + 2, 2, 99] = float("inf")  # inf * 0: NaN, +inf
+    want = fp8.outlier_features(q, k, cqh, ckh)
+    got = tq.select_outliers(q, k, cq, ck, len(LENS_Q), max(LENS_Q), max(LENS_K))
+    assert torch.equal(got.long(), want)
+
+
+@needs_interp
+@pytest.mark.parametrize("rotate", [False, True])
+def test_triton_quantization_follows_the_rule(rotate):
+    """q8 and k8 (fp16 storage: the values before the fp8 rounding) of the features left in,
+    the scales, and the side tiles bit for bit, rotated (dense) or not."""
+    from mla_plugins.core.kernels import triton_quant as tq
+
+    q, k, v, cq, ck = _outlier_batch(torch.float16)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    k[ckh[2] + 7, 0, 130 + 10] = float("nan")
+    batch = len(LENS_Q)
+    bufs = tq.outlier_buffers(q, k, cq, ck, batch, max(LENS_Q), max(LENS_K), torch.float16)
+    q8, qs, k8, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, max(LENS_Q), max(LENS_K),
+                                            torch.float16, 448.0, rotate=rotate,
+                                            rotation="dense" if rotate else None, outliers=bufs)
+    from tests.interpret.test_quant_rotation import assert_scales, assert_within_a_step
+
+    feats = fp8.outlier_features(q, k, cqh, ckh)
+    for x, x8, cu, block, side, op in ((q, q8, cqh, fp8.Q_BLOCK, bufs[1], "q"),
+                                       (k, k8, ckh, fp8.KV_BLOCK, bufs[2], "k")):
+        sel = fp8._row_selection(feats, cu, x.shape[0])
+        rest = x.scatter(2, sel, torch.zeros_like(torch.gather(x, 2, sel)))
+        scale = fp8.block_scales(rest, cu, FP8, block=block, rotated=rotate)
+        want_side = fp8.side_cast(torch.gather(x, 2, sel), scale, op, torch.float16)
+        assert side.dtype == torch.float16  # the interpreter's stand-in for bf16
+        if rotate:  # the l1 bound's float32 sums in another order: a scale an ulp apart
+            hi = slice(0, 8)
+            torch.testing.assert_close(side[..., hi].float(), want_side[..., hi].float(),
+                                       rtol=2**-9, atol=0)
+        else:
+            assert torch.equal(side, want_side)
+        assert_within_a_step(x8, fp8.block_cast(fp8.rotate(rest) if rotate else rest, scale, 448.0).half(),
+                             rotate)
+        if x is q:
+            assert_scales(qs, scale, rotate)
+    assert torch.isfinite(bufs[1]).all() and torch.isfinite(bufs[2]).all()
+
+
+def _triton_run(q, k, v, cq, ck, kernel, outliers=True):
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=q.shape[1], tile_q=64, kv_granularity=128,
+                                    num_workers=3)
+    out = poisoned((q.shape[0], q.shape[1], 128), q.dtype)
+    _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, out=out, return_lse=True,
+                                     plan=plan, kernel=kernel, fp8_outliers=outliers)
+    return out, lse
+
+
+@needs_interp
+def test_triton_kernel_matches_the_torch_kernel(monkeypatch):
+    """The portable kernel's side product, split over several workers (partial rows and the
+    reduce): with fp16 storage in place of fp8 (no fp8 rounding) the result is float64's
+    within fp16 rounding (0.0076 measured; 0.0054 with every feature in the fp16 cast),
+    which it is only if the side product adds back the features the quantization zeroed
+    (x60: without them the logits lose most of their size)."""
+    from mla_plugins.core.kernels import triton_kernel
+
+    monkeypatch.setattr(triton_kernel, "_FP8_STORAGE", torch.float16)
+    q, k, v, cq, ck = _outlier_batch(torch.float16, scale=60.0)
+    ref, ref_lse = reference_attention(q, k, v, cq, ck)
+    out, lse = _triton_run(q, k, v, cq, ck, "triton")
+    err = relative_error(out, ref)
+    assert torch.isfinite(out).all()
+    assert err < 1.5e-2, err
+    seen = torch.isfinite(ref_lse)
+    assert relative_error(lse[seen], ref_lse[seen]) < 1e-3
+
+
+@needs_interp
+def test_triton_kernel_isolates_sequences(monkeypatch):
+    from mla_plugins.core.kernels import triton_kernel
+
+    monkeypatch.setattr(triton_kernel, "_FP8_STORAGE", torch.float16)
+    q, k, v, cq, ck = _outlier_batch(torch.float16)
+    cqh, ckh = cq.tolist(), ck.tolist()
+    q[cqh[2] + 5, 0, 3] = float("inf")
+    k[ckh[2] + 9, 1, 130 + 10] = float("nan")
+    v[ckh[2] + 130, 2, 7] = 1e30
+    out, lse = _triton_run(q, k, v, cq, ck, "triton")
+    for b in (0, 3):
+        qs, ks = slice(cqh[b], cqh[b + 1]), slice(ckh[b], ckh[b + 1])
+        alone, alone_lse = _triton_run(q[qs], k[ks], v[ks], cu_seqlens([LENS_Q[b]]),
+                                       cu_seqlens([LENS_K[b]]), "triton")
+        assert torch.equal(out[qs], alone), b
+        assert torch.equal(lse[qs], alone_lse), b
