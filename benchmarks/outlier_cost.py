@@ -1,0 +1,124 @@
+"""What `fp8_outliers` (core/fp8.py, issue 22) costs end to end, through the Triton provider.
+
+    PYTHONPATH=. python benchmarks/outlier_cost.py [--shapes a,b] [--out results/x.json]
+
+Per shape of benchmarks/prefill.py: one plan (`plan_prefill(..., kernel="triton")`), fp8 from
+bf16 inputs (the quantization and the attention timed), replayed from a CUDA graph (GPU
+time; median of three rounds, the variants interleaved):
+- "plain": fp8 as by default (the Gluon kernel where `batch_config` takes it);
+- "portable": fp8 with the Gluon kernel off (MLA_PLUGINS_GLUON=0): the kernel fp8_outliers
+  runs on, without the outliers;
+- "outliers": fp8_outliers=True (the selection's two launches, the quantization with the side
+  tiles, the portable kernel's extra 32-deep bf16 product);
+- "rotated": fp8_rotate=True (dense), the rotation for comparison.
+Errors against float64 on the outlier recipe (features 7 and 128-131 of q and k scaled by 10)
+beside each. Issue 22's bounds: at most +3% at the four large shapes, +5% at the small ones,
+against "plain".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from prefill import SHAPES  # noqa: E402
+
+OUTLIER_FEATURES = [7, 128, 129, 130, 131]
+VARIANTS = {"plain": {}, "portable": {"gluon": False}, "outliers": {"fp8_outliers": True},
+            "rotated": {"fp8_rotate": True}}
+
+
+def measure_shape(name, lq, lk, heads, device) -> dict:
+    from prefill import graph_ms, make_batch
+
+    import mla_plugins
+    from tests.gpu.conftest import reference_on_device, rel_err
+
+    q, k, v, cq, ck = make_batch(lq, lk, heads, device)
+    q[..., OUTLIER_FEATURES] *= 10
+    k[..., OUTLIER_FEATURES] *= 10
+    ref, _ = reference_on_device(q, k, v, cq, ck, heads_per_step=4)
+    out = torch.empty(q.shape[0], heads, 128, dtype=q.dtype, device=device)
+    row = {"shape": name}
+    fns = {}
+    for key, opts in VARIANTS.items():
+        opts = dict(opts)
+        gluon = opts.pop("gluon", True)
+        env = {} if gluon else {"MLA_PLUGINS_GLUON": "0"}
+        os.environ.update(env)
+        try:  # its own plan: the provider's configuration is decided per plan
+            plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=True,
+                                            kernel="triton", device=device)
+        finally:
+            for name_ in env:
+                os.environ.pop(name_)
+
+        def fn(plan=plan, opts=opts, env=env):
+            os.environ.update(env)
+            try:
+                mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=True, out=out, kernel="triton",
+                                        **opts)
+            finally:
+                for name_ in env:
+                    os.environ.pop(name_)
+
+        fns[key] = fn
+    samples = {key: [] for key in fns}
+    try:
+        for key, fn in fns.items():
+            fn()
+            row[f"err_{key}"] = rel_err(out, ref)
+        for _ in range(3):
+            for key, fn in fns.items():
+                ms = graph_ms(fn)
+                if ms:
+                    samples[key].append(ms)
+    except Exception as exc:  # noqa: BLE001 - a measurement: say why and go on
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for key, got in samples.items():
+        if got:
+            row[f"{key}_graph_ms"] = statistics.median(got)
+            row[f"{key}_graph_ms_samples"] = got
+    for key in list(fns)[1:]:
+        if row.get(f"{key}_graph_ms") and row.get("plain_graph_ms"):
+            row[f"{key}_cost"] = row[f"{key}_graph_ms"] / row["plain_graph_ms"] - 1
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--shapes", default=None, help="comma-separated names (default: all)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/outlier_cost.py needs a CUDA GPU")
+    device = torch.device("cuda")
+    wanted = set(args.shapes.split(",")) if args.shapes else None
+    rows = [measure_shape(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
+            if wanted is None or n in wanted]
+    print(f"\n{'shape':>26} {'plain ms':>9} {'portable':>9} {'outliers':>9} {'rotated':>9} "
+          f"{'err plain':>9} {'err outl':>9} {'err rot':>9}")
+    def cost(r, key):
+        x = r.get(f"{key}_cost")
+        return "-" if x is None else f"{100 * x:+.1f}%"
+
+    for r in rows:
+        c = lambda key, r=r: cost(r, key)  # noqa: E731
+        print(f"{r['shape']:>26} {r.get('plain_graph_ms', 0):>9.3f} {c('portable'):>9} "
+              f"{c('outliers'):>9} {c('rotated'):>9} {r.get('err_plain', 0):>9.4f} "
+              f"{r.get('err_outliers', 0):>9.4f} {r.get('err_rotated', 0):>9.4f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
