@@ -10,6 +10,8 @@ time; median of three rounds, the variants interleaved):
   runs on, without the outliers;
 - "outliers": fp8_outliers=True (the selection's two launches, the quantization with the side
   tiles, the portable kernel's extra 32-deep bf16 product);
+- "outliers_gluon": the same with triton_kernel.GLUON_OUTLIERS on (the Gluon kernel takes the
+  side product where it takes the batch);
 - "rotated": fp8_rotate=True (dense), the rotation for comparison.
 Errors against float64 on the outlier recipe (features 7 and 128-131 of q and k scaled by 10)
 beside each. Issue 22's bounds: at most +3% at the four large shapes, +5% at the small ones,
@@ -32,6 +34,7 @@ from prefill import SHAPES  # noqa: E402
 
 OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 VARIANTS = {"plain": {}, "portable": {"gluon": False}, "outliers": {"fp8_outliers": True},
+            "outliers_gluon": {"fp8_outliers": True, "gluon_outliers": True},
             "rotated": {"fp8_rotate": True}}
 
 
@@ -39,6 +42,7 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
     from prefill import graph_ms, make_batch
 
     import mla_plugins
+    from mla_plugins.core.kernels import triton_kernel as tk
     from tests.gpu.conftest import reference_on_device, rel_err
 
     q, k, v, cq, ck = make_batch(lq, lk, heads, device)
@@ -51,21 +55,20 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
     for key, opts in VARIANTS.items():
         opts = dict(opts)
         gluon = opts.pop("gluon", True)
+        gluon_outliers = opts.pop("gluon_outliers", False)
         env = {} if gluon else {"MLA_PLUGINS_GLUON": "0"}
-        os.environ.update(env)
-        try:  # its own plan: the provider's configuration is decided per plan
-            plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=True,
-                                            kernel="triton", device=device)
-        finally:
-            for name_ in env:
-                os.environ.pop(name_)
+        # its own plan: the provider's configuration is decided per plan
+        plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=True,
+                                        kernel="triton", device=device)
 
-        def fn(plan=plan, opts=opts, env=env):
+        def fn(plan=plan, opts=opts, env=env, gluon_outliers=gluon_outliers):
             os.environ.update(env)
+            saved, tk.GLUON_OUTLIERS = tk.GLUON_OUTLIERS, gluon_outliers
             try:
                 mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=True, out=out, kernel="triton",
                                         **opts)
             finally:
+                tk.GLUON_OUTLIERS = saved
                 for name_ in env:
                     os.environ.pop(name_)
 
@@ -104,8 +107,8 @@ def main() -> None:
     wanted = set(args.shapes.split(",")) if args.shapes else None
     rows = [measure_shape(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
             if wanted is None or n in wanted]
-    print(f"\n{'shape':>26} {'plain ms':>9} {'portable':>9} {'outliers':>9} {'rotated':>9} "
-          f"{'err plain':>9} {'err outl':>9} {'err rot':>9}")
+    print(f"\n{'shape':>26} {'plain ms':>9} {'portable':>9} {'outliers':>9} {'outl gl':>9} "
+          f"{'rotated':>9} {'err plain':>9} {'err outl':>9} {'err ogl':>9} {'err rot':>9}")
     def cost(r, key):
         x = r.get(f"{key}_cost")
         return "-" if x is None else f"{100 * x:+.1f}%"
@@ -113,8 +116,9 @@ def main() -> None:
     for r in rows:
         c = lambda key, r=r: cost(r, key)  # noqa: E731
         print(f"{r['shape']:>26} {r.get('plain_graph_ms', 0):>9.3f} {c('portable'):>9} "
-              f"{c('outliers'):>9} {c('rotated'):>9} {r.get('err_plain', 0):>9.4f} "
-              f"{r.get('err_outliers', 0):>9.4f} {r.get('err_rotated', 0):>9.4f}")
+              f"{c('outliers'):>9} {c('outliers_gluon'):>9} {c('rotated'):>9} "
+              f"{r.get('err_plain', 0):>9.4f} {r.get('err_outliers', 0):>9.4f} "
+              f"{r.get('err_outliers_gluon', 0):>9.4f} {r.get('err_rotated', 0):>9.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=1)

@@ -137,7 +137,8 @@ def _recording(calls: list, tma: bool, permuted: bool):
 
 def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
            split: bool = False, tma: bool | None = None, rotate: bool = False,
-           rotation: str = tq.ROTATION, fill_gpu: bool = False, outliers: bool = False) -> list:
+           rotation: str = tq.ROTATION, fill_gpu: bool = False, outliers: bool = False,
+           gluon_outliers: bool = False) -> list:
     """The launches (fn, args, kwargs) of one planned call through the Triton provider's own
     host code (`TritonKernel._run_ordinary`: the workspace views, the quantization (q and k
     rotated with `rotate`, by `rotation`: the provider passes none, so another one than the
@@ -145,7 +146,9 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     `config`, the reduce of a split plan), on CPU tensors shaped as on the device; `fill_gpu`: the
     SM count taken as 0, so that the dense rotation's q/k/v launch takes ROTATED_QKV_BLOCKS, as
     a batch that fills the GPU does (`triton_quant.rotated_qkv_blocks`); `outliers`: fp8 with
-    the outlier features kept out (the selection's two launches, the side tiles)"""
+    the outlier features kept out (the selection's two launches, the side tiles);
+    `gluon_outliers`: triton_kernel.GLUON_OUTLIERS on for the call (the Gluon kernel takes
+    them)"""
     from mla_plugins.core.api import plan_prefill
     from mla_plugins.core.kernels.base import PrefillInputs
     from tests.core.helpers import random_batch, vllm_v_view
@@ -169,7 +172,9 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     cuda = arch.startswith("sm_")
     quantize_qkv = tq.quantize_qkv
     workers = tk.default_num_workers
+    gluon_outliers_saved = tk.GLUON_OUTLIERS
     try:
+        tk.GLUON_OUTLIERS = gluon_outliers
         # the SM count the provider sizes the rotated q/k/v grid by: an H200's (132, so the
         # small recorded batch takes the fewest blocks a program), or none (the most)
         tk.default_num_workers = lambda device: 0 if fill_gpu else H200_SMS
@@ -186,6 +191,7 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     finally:
         tq.quantize_qkv = quantize_qkv
         tk.default_num_workers = workers
+        tk.GLUON_OUTLIERS = gluon_outliers_saved
     return calls
 
 
@@ -255,7 +261,7 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
                 + (" pingpong" if c["PINGPONG"] else "") + (" persistent" if c["PERSISTENT"] else "")
                 + (" q_tma" if c["Q_TMA"] else "") + (" late" if c["RESCALE_LATE"] else "")
                 + (" sum_mma" if c["SUM_MMA"] else "") + (" split_kv" if c["SPLIT_KV"] else "")
-                + (" lean" if c["LEAN_SYNC"] else ""))
+                + (" lean" if c["LEAN_SYNC"] else "") + (" outliers" if c.get("OUTLIERS") else ""))
     pdl = " pdl" if c.get("PDL") else ""
     if fn.__name__ == "_gluon_cast_kernel":
         return f"heads cast rotate gluon w{c['num_warps']}" + pdl
@@ -288,6 +294,8 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=False, config=replace(tk.BF16_CONFIG, use_tma=False), tma=False),
                 # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
                 dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
+                # the Gluon kernel's side product (fp8_outliers, GLUON_OUTLIERS)
+                dict(fp8=True, config=g, outliers=True, gluon_outliers=True),
                 dict(fp8=True, config=replace(g, pingpong=True)),
                 dict(fp8=True, config=tk.GLUON_FP8_PERSISTENT_CONFIG),
                 # the Gluon kernel on 16-bit inputs: packed, vLLM's v view, persistent

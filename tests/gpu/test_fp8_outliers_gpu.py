@@ -1,7 +1,7 @@
 """fp8_outliers on the GPU (core/fp8.py, issue 22): the Triton provider's selection, its
 quantization's zeroing and side tiles (bit for bit against the rule, in real fp8), the
-portable kernel's TF32 side product against float64 and against the torch kernel, isolation
-of a sequence's inf, NaN and 1e30, and CUDA-graph capture."""
+portable and the Gluon kernel's side product against float64 and against the torch kernel,
+isolation of a sequence's inf, NaN and 1e30, and CUDA-graph capture."""
 
 from __future__ import annotations
 
@@ -20,6 +20,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from accuracy import recipe  # noqa: E402
 
 F8 = torch.float8_e4m3fn
+
+
+@pytest.fixture(autouse=True, params=["portable", "gluon"])
+def phase1(request, monkeypatch, device):
+    """Every test through the portable kernel's side product and (Hopper) the Gluon kernel's
+    (triton_kernel.GLUON_OUTLIERS on, its length threshold at 0 so that short test batches
+    reach it; each test from no remembered plan, as tests/gpu/test_triton.py's fixture)."""
+    from collections import OrderedDict
+
+    from mla_plugins.core import api
+    from mla_plugins.core.kernels import triton_kernel as tk
+
+    monkeypatch.setattr(api, "_cache", OrderedDict())
+    if request.param == "gluon":
+        reasons = tk.gluon_reasons(torch.device(device))
+        if reasons:
+            pytest.skip("; ".join(reasons))
+        monkeypatch.setattr(tk, "GLUON_OUTLIERS", True)
+        monkeypatch.setattr(tk, "GLUON_MIN_MEAN_KEYS", 0)
+    else:
+        monkeypatch.setattr(tk, "GLUON_OUTLIERS", False)
+    return request.param
 
 
 def _outliers(q, k, scale):

@@ -99,6 +99,7 @@ if gluon is not None:
     NOPE_G = gl.constexpr(128)
     ROPE_G = gl.constexpr(64)
     DV_G = gl.constexpr(128)
+    SIDE_G = gl.constexpr(32)  # core/fp8.py's OUTLIER_WIDTH
     HALF_G = gl.constexpr(64)
     LN2_G = gl.constexpr(0.6931471805599453)
     NUM_WARPS_G = gl.constexpr(NUM_WARPS)
@@ -205,6 +206,25 @@ if gluon is not None:
             return gl.convert_layout(x, p_layout)
         else:
             return gl.convert_layout(p.to(KV_DTYPE), p_layout)
+
+    @gluon.jit
+    def _side_scores(q_s_smem, ks_bufs, st, zero_s, zero_side, s_layout: gl.constexpr,
+                     OUTLIERS: gl.constexpr):
+        """The scores' starting value for a key block: OUTLIERS, the side product q_side
+        k_side^T of stage `st` (bf16, [64, 32] x [32, keys]), completed here and moved to the
+        fp8 products' accumulator layout (the same registers: the layouts differ only in the
+        instruction's k); else `zero_s` (not read: the fp8 product starts from nothing).
+
+        Completed, not left in flight: Gluon 3.6 has one instruction shape per accumulator
+        layout, and the fp8 product (k 32) cannot accumulate onto a bf16 one's (k 16) still in
+        flight. Nothing else is in flight when a block starts (its previous P @ V has been
+        waited for), so the wait costs this small product's latency alone."""
+        if OUTLIERS:
+            side = warpgroup_mma(q_s_smem, ks_bufs.index(st).permute((1, 0)), zero_side,
+                                 use_acc=False)
+            return gl.convert_layout(side, s_layout)
+        else:
+            return zero_s
 
     @gluon.jit
     def _zero_tail(v_buf, valid, BLOCK_N: gl.constexpr):
@@ -332,7 +352,8 @@ if gluon is not None:
         return s_q, s_k0, s_v0, s_k1, s_v1
 
     @gluon.jit
-    def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready,
+    def _consume_unit(WG: gl.constexpr, q_n_smem, q_r_smem, q_s_smem, kn_bufs, kr_bufs, ks_bufs,
+                      vt_bufs, ready,
                       empty, vready, vempty, turn, q_ready, q_empty, qph, it0, Q, sq_t, sq_h, QScales, sqs_t, Out,
                       so_t, so_h, Lse, sl_t,
                       sl_h, PartO, spo_t, spo_h, PartLse, spl_t, spl_h, SBase, ss_w, m0, qo_start,
@@ -340,7 +361,8 @@ if gluon is not None:
                       has_lse, qk_scale, KV_DTYPE: gl.constexpr, P_SHIFT: gl.constexpr,
                       BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                       FP8: gl.constexpr, Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr,
-                      ones_smem, SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr):
+                      ones_smem, SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr,
+                      OUTLIERS: gl.constexpr):
         """One warpgroup's 64 rows of one unit; its key blocks are stages it0, it0 + 1, ...
         FP8: q, k, v block-scaled fp8 (the block scales applied per key block); else 16-bit.
         Q_TMA: the q block arrives in `q_n_smem`/`q_r_smem` by the producer's TMA (`q_ready`,
@@ -370,6 +392,11 @@ if gluon is not None:
         completed, a block before its v, so the producer's next k load does not wait for a
         P @ V; else one `ready` covers the stage and it is released after its P @ V (`vempty`
         is then `empty` itself).
+
+        OUTLIERS (fp8 with Q_TMA; core/fp8.py's fp8_outliers): a third product per key block,
+        the q side tile [64, 32] (`q_s_smem`, by the producer's TMA with q) times the stage's
+        k side tile [keys, 32] (`ks_bufs`), bf16, whose result the two fp8 products then
+        accumulate into (`_side_scores`).
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
@@ -428,6 +455,10 @@ if gluon is not None:
         l_i = gl.zeros([HALF_G], gl.float32, row_s)
         acc = gl.zeros([HALF_G, DV_G], gl.float32, o_layout)
         zero_s = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
+        # OUTLIERS: the side product's accumulator, k 16 a bf16 instruction (`_side_scores`)
+        side_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        zero_side = gl.zeros([HALF_G, BLOCK_N], gl.float32, side_layout)
         # P of the block before, the A operand of its P @ V, issued with the next block's
         # q k^T: carried in float32 and cast to fp8 just before (the cast's F2FP writes the
         # operand registers). Carried as fp8, Triton holds it a byte per register and repacks
@@ -450,8 +481,10 @@ if gluon is not None:
             if PINGPONG:
                 # group 0's first wait passes on a fresh barrier (phase parity 1)
                 mbarrier.wait(turn.index(WG), (it0 + 1 - WG) & 1)
-            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)), zero_s,
-                                  use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)),
+                                  _side_scores(q_s_smem, ks_bufs, st, zero_s, zero_side, s_layout,
+                                               OUTLIERS),
+                                  use_acc=OUTLIERS, is_async=True)
             s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
@@ -488,8 +521,10 @@ if gluon is not None:
             mbarrier.wait(ready.index(st), (it // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turn.index(WG), (it + 1 - WG) & 1)
-            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)), zero_s,
-                                  use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)),
+                                  _side_scores(q_s_smem, ks_bufs, st, zero_s, zero_side, s_layout,
+                                               OUTLIERS),
+                                  use_acc=OUTLIERS, is_async=True)
             s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
             prev = (it - 1) % NUM_STAGES
             if SPLIT_KV:
@@ -581,7 +616,8 @@ if gluon is not None:
                      mask=ok_s)
 
     @gluon.jit
-    def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty,
+    def _consumer(WG: gl.constexpr, q_n_smem, q_r_smem, q_s_smem, kn_bufs, kr_bufs, ks_bufs,
+                  vt_bufs, ready, empty,
                   vready, vempty, q_ready, q_empty,
                   turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc, order,
                   Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO, spo_t,
@@ -590,7 +626,7 @@ if gluon is not None:
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr, FP8: gl.constexpr,
                   Q_TMA: gl.constexpr, RESCALE_LATE: gl.constexpr, ones_smem,
-                  SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr):
+                  SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr, OUTLIERS: gl.constexpr):
         it = gl.to_tensor(0)  # key blocks consumed so far: the ring position
         qph = gl.to_tensor(0)  # units consumed so far: the q barriers' phase
         for k in range(_rounds(num_units, PERSISTENT)):
@@ -601,24 +637,29 @@ if gluon is not None:
             sc = _unit_scales(QScales, sqs_t, sbase, ss_w, m0 + WG * HALF_G, head, qo_end, n_total,
                               FP8, BLOCK_N)
             if valid:
-                _consume_unit(WG, q_n_smem, q_r_smem, kn_bufs, kr_bufs, vt_bufs, ready, empty, vready,
-                              vempty, turn,
+                _consume_unit(WG, q_n_smem, q_r_smem, q_s_smem, kn_bufs, kr_bufs, ks_bufs, vt_bufs,
+                              ready, empty, vready, vempty, turn,
                               q_ready, q_empty, qph, it,
                               Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                               spo_t, spo_h, PartLse, spl_t, spl_h, sbase, ss_w, m0, qo_start, qo_end,
                               kv_start, kv_end, kv_offset, loc, head, n_total, sc, causal, has_lse,
                               qk_scale, KV_DTYPE, P_SHIFT, BLOCK_N, NUM_STAGES, PINGPONG, FP8, Q_TMA,
-                              RESCALE_LATE, ones_smem, SUM_MMA, SPLIT_KV)
+                              RESCALE_LATE, ones_smem, SUM_MMA, SPLIT_KV, OUTLIERS)
                 if Q_TMA:
                     qph += 1
             it += n_total
 
     @gluon.jit
-    def _load_k(KN, KR, kn_bufs, kr_bufs, bar, st, row, col):
+    def _load_k(KN, KR, KS, kn_bufs, kr_bufs, ks_bufs, bar, st, row, col, head,
+                OUTLIERS: gl.constexpr):
         """k nope and k rope of one key block (rows from `row`, head at column `col`) into
-        stage `st`, completing on `bar[st]`."""
+        stage `st`, completing on `bar[st]`; OUTLIERS: its side tile too (head h at column
+        h * 32 of the side tiles' [Tk, H * 32])."""
         tma.async_copy_global_to_shared(KN, [row, col], bar.index(st), kn_bufs.index(st))
         tma.async_copy_global_to_shared(KR, [row, col + NOPE_G], bar.index(st), kr_bufs.index(st))
+        if OUTLIERS:
+            tma.async_copy_global_to_shared(KS, [row, head * SIDE_G], bar.index(st),
+                                            ks_bufs.index(st))
 
     @gluon.jit
     def _load_v(VT, vt_bufs, bar, st, row, vcol, head, vh_stride, FP8: gl.constexpr):
@@ -631,11 +672,13 @@ if gluon is not None:
                                             vt_bufs.index(st))
 
     @gluon.jit
-    def _producer(QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty, vready,
+    def _producer(QN, QR, QS, KN, KR, KS, VT, q_n, q_r, q_s, kn_bufs, kr_bufs, ks_bufs, vt_bufs,
+                  ready, empty, vready,
                   vempty, q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                   causal, order, qh_stride, kh_stride, vh_stride, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr,
-                  FP8: gl.constexpr, Q_TMA: gl.constexpr, SPLIT_KV: gl.constexpr):
+                  FP8: gl.constexpr, Q_TMA: gl.constexpr, SPLIT_KV: gl.constexpr,
+                  OUTLIERS: gl.constexpr):
         """Fills the ring: per key block, k nope, k rope and v (fp8: packed k8 and vt8 from
         the quantization; 16-bit: the caller's k and v, head h's features at column
         h * kh_stride and h * vh_stride of their 2D [T, span] descriptors). Q_TMA: before a
@@ -643,9 +686,11 @@ if gluon is not None:
         column h * qh_stride) into that group's q buffer, once the group released it.
         SPLIT_KV: k and v on their own barriers, in the order the consumers use them (FA3's):
         k of block j + 1 before v of block j, whose P @ V is issued after q k^T of block j + 1."""
-        kbytes: gl.constexpr = KN.block_type.nbytes + KR.block_type.nbytes
+        kbytes: gl.constexpr = (KN.block_type.nbytes + KR.block_type.nbytes
+                                + (KS.block_type.nbytes if OUTLIERS else 0))
         nbytes: gl.constexpr = kbytes + VT.block_type.nbytes
-        qbytes: gl.constexpr = QN.block_type.nbytes + QR.block_type.nbytes
+        qbytes: gl.constexpr = (QN.block_type.nbytes + QR.block_type.nbytes
+                                + (QS.block_type.nbytes if OUTLIERS else 0))
         it = 0
         qph = 0
         for k in range(_rounds(num_units, PERSISTENT)):
@@ -664,6 +709,9 @@ if gluon is not None:
                         tma.async_copy_global_to_shared(QR, [m0 + g * HALF_G,
                                                              head * qh_stride + NOPE_G],
                                                         q_ready.index(g), q_r.index(g))
+                        if OUTLIERS:
+                            tma.async_copy_global_to_shared(QS, [m0 + g * HALF_G, head * SIDE_G],
+                                                            q_ready.index(g), q_s.index(g))
                     qph += 1
             if FP8:
                 col = head * (NOPE_G + ROPE_G)
@@ -676,7 +724,8 @@ if gluon is not None:
                         # a fresh mbarrier counts as having completed phase 1: the first round passes
                         mbarrier.wait(empty.index(st), (((it + j) // NUM_STAGES) & 1) ^ 1)
                         mbarrier.expect(ready.index(st), kbytes)
-                        _load_k(KN, KR, kn_bufs, kr_bufs, ready, st, kv_start + j * BLOCK_N, col)
+                        _load_k(KN, KR, KS, kn_bufs, kr_bufs, ks_bufs, ready, st,
+                                kv_start + j * BLOCK_N, col, head, OUTLIERS)
                     if j > 0:
                         sv = (it + j - 1) % NUM_STAGES
                         mbarrier.wait(vempty.index(sv), (((it + j - 1) // NUM_STAGES) & 1) ^ 1)
@@ -690,7 +739,8 @@ if gluon is not None:
                     # a fresh mbarrier counts as having completed phase 1: the first round passes
                     mbarrier.wait(empty.index(st), ((it // NUM_STAGES) & 1) ^ 1)
                     mbarrier.expect(ready.index(st), nbytes)
-                    _load_k(KN, KR, kn_bufs, kr_bufs, ready, st, kv_start + j * BLOCK_N, col)
+                    _load_k(KN, KR, KS, kn_bufs, kr_bufs, ks_bufs, ready, st, kv_start + j * BLOCK_N,
+                            col, head, OUTLIERS)
                     _load_v(VT, vt_bufs, ready, st, kv_start + j * BLOCK_N, vcol0 + j * BLOCK_N,
                             head, vh_stride, FP8)
                     it += 1
@@ -699,7 +749,7 @@ if gluon is not None:
                                   "num_tiles", "num_sub", "heads_pc", "causal", "has_lse",
                                   "order", "kh_stride", "vh_stride"])
     def mla_prefill_gluon_kernel(
-        Q, QN, QR, KN, KR, VT, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
+        Q, QN, QR, KN, KR, VT, QS, KS, Out, Lse, PartO, PartLse, WorkInfo, Scales, QScales,
         sq_t, sq_h, vt_stride, ss_w, sqs_t, so_t, so_h, sl_t, sl_h, spo_t, spo_h, spl_t, spl_h,
         qk_scale, num_units, num_tiles, num_sub, heads_pc, causal, has_lse, order, kh_stride,
         vh_stride,
@@ -708,7 +758,7 @@ if gluon is not None:
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
         PERSISTENT: gl.constexpr, FP8: gl.constexpr, Q_TMA: gl.constexpr,
         RESCALE_LATE: gl.constexpr, SUM_MMA: gl.constexpr, SPLIT_KV: gl.constexpr,
-        LEAN_SYNC: gl.constexpr,
+        LEAN_SYNC: gl.constexpr, OUTLIERS: gl.constexpr,
     ):
         """Grid (num_units,), or (CTAs,) when PERSISTENT (each then takes a unit per round,
         `_unit_index`), of num_units = num_tiles * heads_pc (num_tiles = plan items * num_sub
@@ -724,6 +774,9 @@ if gluon is not None:
         column h * vh_stride); Scales and QScales unused.
         QN/QR: descriptors of the same q as [Tq, span] with [64, 128] and [64, 64] boxes (head
         h at column h * sq_h), read by the producer when Q_TMA (else Q's pointer loads).
+        OUTLIERS (fp8 with Q_TMA): QS/KS descriptors of the side tiles of
+        `triton_quant.quantize_qkv(..., outliers=...)` as [T, H * 32] bf16 with [64, 32] and
+        [BLOCK_N, 32] boxes (head h at column h * 32); unread otherwise (any descriptor).
         Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128, BLOCK_N = 128 in fp8 (64 or
         128 in 16-bit); in fp8, tiles start at multiples of 64 rows and work items at
         multiples of 128 keys from their sequence's start, v columns of a sequence start
@@ -736,6 +789,13 @@ if gluon is not None:
         q_r = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, ROPE_G], QR.layout)
         kn_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_G], KN.layout)
         kr_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, ROPE_G], KR.layout)
+        if OUTLIERS:  # the side tiles: q's per consumer group, k's per stage
+            gl.static_assert(FP8 and Q_TMA)
+            q_s = gl.allocate_shared_memory(gl.bfloat16, [2, HALF_G, SIDE_G], QS.layout)
+            ks_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, SIDE_G], KS.layout)
+        else:  # passed along, never read
+            q_s = q_n
+            ks_bufs = kn_bufs
         if FP8:  # v transposed, [Dv, keys] (the K-major B operand fp8 wgmma needs)
             vt_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, DV_G, BLOCK_N], VT.layout)
         else:  # v as it is, [keys, Dv]
@@ -771,20 +831,23 @@ if gluon is not None:
             mbarrier.init(q_empty.index(i), count=1)
 
         gl.warp_specialize([
-            (_consumer, (0, q_n.index(0), q_r.index(0), kn_bufs, kr_bufs, vt_bufs, ready, empty,
+            (_consumer, (0, q_n.index(0), q_r.index(0), q_s.index(0), kn_bufs, kr_bufs, ks_bufs,
+                         vt_bufs, ready, empty,
                          vready, vempty, q_ready.index(0), q_empty.index(0), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA, SPLIT_KV)),
-            (_consumer, (1, q_n.index(1), q_r.index(1), kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA, SPLIT_KV, OUTLIERS)),
+            (_consumer, (1, q_n.index(1), q_r.index(1), q_s.index(1), kn_bufs, kr_bufs, ks_bufs,
+                         vt_bufs, ready, empty,
                          vready, vempty, q_ready.index(1), q_empty.index(1), turn, WorkInfo, Scales, vt_stride, num_units, num_tiles, num_sub, heads_pc,
                          order, Q, sq_t, sq_h, QScales, sqs_t, Out, so_t, so_h, Lse, sl_t, sl_h, PartO,
                          spo_t, spo_h, PartLse, spl_t, spl_h, ss_w, causal, has_lse, qk_scale,
                          KV_DTYPE, P_SHIFT, BLOCK_M, BLOCK_N, NUM_STAGES, PINGPONG, PERSISTENT,
-                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA, SPLIT_KV)),
-            (_producer, (QN, QR, KN, KR, VT, q_n, q_r, kn_bufs, kr_bufs, vt_bufs, ready, empty,
+                         FP8, Q_TMA, RESCALE_LATE, ones, SUM_MMA, SPLIT_KV, OUTLIERS)),
+            (_producer, (QN, QR, QS, KN, KR, KS, VT, q_n, q_r, q_s, kn_bufs, kr_bufs, ks_bufs, vt_bufs,
+                         ready, empty,
                          vready, vempty, q_ready, q_empty, WorkInfo, Scales, vt_stride, num_units, num_tiles,
                          num_sub, heads_pc, causal, order, sq_h, kh_stride, vh_stride, BLOCK_M,
-                         BLOCK_N, NUM_STAGES, PERSISTENT, FP8, Q_TMA, SPLIT_KV)),
+                         BLOCK_N, NUM_STAGES, PERSISTENT, FP8, Q_TMA, SPLIT_KV, OUTLIERS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

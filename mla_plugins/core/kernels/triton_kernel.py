@@ -173,6 +173,10 @@ def gluon_reasons(device: torch.device) -> list[str]:
 #: kernel, same run; at ~1090 (B1-S2048-H8, split) 383 TFLOP/s (stop 41's variants) against
 #: the portable kernel's 314 (stop 42's final run, FA3 FP8 within 2% in both)
 GLUON_MIN_MEAN_KEYS = 1024
+#: fp8_outliers in the Gluon kernel (its third, bf16 product per key block, the side tiles by
+#: TMA beside k and q): compiled for sm_90 (tests/compile); off until a GPU run has checked it
+#: (tests/gpu/test_fp8_outliers_gpu.py flips it), the portable kernel taking such batches
+GLUON_OUTLIERS = False
 #: where batches of several sequences take the persistent form (GLUON_FP8_PERSISTENT_CONFIG):
 #: nowhere (one CTA per unit ran 6-8% faster at the shapes that took it, stop 42)
 GLUON_PERSISTENT_MIN_MEAN_KEYS = float("inf")
@@ -291,9 +295,9 @@ def run_prefill(
     `quantized` = (q8, q scales, k8, vt8, scales) from `triton_quant.quantize_qkv` (rotated
     as `inputs.fp8_rotate` says; with `inputs.fp8_outliers`, `sides` = (q_side, k_side) from
     the same call) skips the quantization (benchmarks time the attention alone with it);
-    `config` overrides the default tile configuration. The outlier features' side product is
-    the portable kernel's only: with `inputs.fp8_outliers` a Gluon configuration gives way
-    to `default_config`.
+    `config` overrides the default tile configuration. With `inputs.fp8_outliers` the Gluon
+    kernel takes the side product only where GLUON_OUTLIERS is on and the configuration
+    loads q by TMA; else it gives way to `default_config` (the portable kernel).
     """
     from . import triton_attention as ta
     from . import triton_quant as tq
@@ -345,10 +349,11 @@ def run_prefill(
         use_tma = False
     if inputs.k.shape[0] == 0:
         use_tma = False  # a descriptor needs a non-empty tensor; no item reads keys then
-    if config.gluon and (inputs.fp8_outliers
+    outliers = bool(inputs.fp8 and inputs.fp8_outliers)
+    if config.gluon and ((outliers and not (GLUON_OUTLIERS and config.q_tma))
                          or not (use_tma and (inputs.fp8 or _tma_ok(q, tq.NOPE + tq.ROPE)))):
-        # the Gluon kernel loads k/v (and q) through TMA and has no side product; the Triton
-        # kernel covers the rest
+        # the Gluon kernel loads k/v (and q) through TMA, and the side tiles with q; the
+        # Triton kernel covers the rest
         config = default_config(device, inputs.fp8)
     if config.gluon:
         if not inputs.fp8:
@@ -356,7 +361,7 @@ def run_prefill(
 
             kv_dtype, vt_cols = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[q.dtype], 0
         _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q_src, q_scales,
-                      k_src, v_src, scales, vt_cols, kv_dtype, p_shift)
+                      k_src, v_src, scales, vt_cols, kv_dtype, p_shift, sides if outliers else None)
         return
 
     bn = config.block_n
@@ -387,7 +392,6 @@ def run_prefill(
     else:
         sv_t, sv_h = v.stride(0), v.stride(1)
     sqs_t = q_scales.stride(0) if inputs.fp8 else 0
-    outliers = bool(inputs.fp8 and inputs.fp8_outliers)
     q_side, k_side = sides if outliers else (scales, scales)
     ta.mla_prefill_kernel[grid](
         q_src, k_arg, kr_arg, v_arg, out, lse_arg, partial_out, partial_lse, plan.work_info, scales,
@@ -405,9 +409,10 @@ def run_prefill(
 
 
 def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q_scales, k, v,
-                  scales, vt_cols, kv_dtype, p_shift) -> None:
+                  scales, vt_cols, kv_dtype, p_shift, sides=None) -> None:
     """Phase 1 through `gluon_attention.mla_prefill_gluon_kernel`: fp8 on quantize_qkv's q8,
-    q_scales, k8 and vt8 (k, v), or 16-bit on the caller's q, k and v (`_tma_ok` layouts)."""
+    q_scales, k8 and vt8 (k, v), or 16-bit on the caller's q, k and v (`_tma_ok` layouts);
+    `sides` (q_side, k_side): fp8_outliers' side tiles, the kernel's third product."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import gluon_attention as ga
@@ -430,6 +435,13 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
     q_span = _tma_span(q)
     qnd = TensorDescriptor(q, [q.shape[0], q_span], [q.stride(0), 1], [64, tq.NOPE], qn_l)
     qrd = TensorDescriptor(q, [q.shape[0], q_span], [q.stride(0), 1], [64, tq.ROPE], qr_l)
+    if sides is not None:
+        side_l = _gluon_side_layout()
+        qsd, ksd = (TensorDescriptor(t, [t.shape[0], heads * t.shape[2]], [heads * t.shape[2], 1],
+                                     [rows, t.shape[2]], side_l)
+                    for t, rows in zip(sides, (64, bn), strict=True))
+    else:  # not read
+        qsd, ksd = qnd, kd
     num_sub = -(-plan.tile_q // config.block_m)
     num_tiles = plan.num_items * num_sub
     heads_pc = plan.num_heads // plan.num_clusters
@@ -442,7 +454,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
     # and waits, when this launch compiles it (gluon_sync)
     with gs.lean_compile() if config.lean_sync else contextlib.nullcontext():
         ga.mla_prefill_gluon_kernel[grid](
-            q, qnd, qrd, kd, krd, vd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
+            q, qnd, qrd, kd, krd, vd, qsd, ksd, out, lse_arg, partial_out, partial_lse, plan.work_info, scales, q_scales,
             q.stride(0), q.stride(1), v.stride(0) if fp8 else 0, scales.stride(0) if fp8 else 0,
             q_scales.stride(0) if fp8 else 0,
             out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
@@ -455,7 +467,8 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
             PRODUCER_REGS=ga.PRODUCER_REGS, PINGPONG=config.pingpong, PERSISTENT=config.persistent,
             FP8=fp8, Q_TMA=config.q_tma, RESCALE_LATE=config.rescale_late,
             SUM_MMA=config.sum_mma and fp8, SPLIT_KV=config.split_kv,
-            LEAN_SYNC=gs.VERSION if config.lean_sync else 0, num_warps=ga.NUM_WARPS,
+            LEAN_SYNC=gs.VERSION if config.lean_sync else 0, OUTLIERS=sides is not None,
+            num_warps=ga.NUM_WARPS,
             maxnreg=ga.MAXNREG,
         )
 
@@ -480,6 +493,15 @@ def _gluon_q_layouts(kv_dtype):
 
     return (gl.NVMMASharedLayout.get_default_for([64, 128], kv_dtype),
             gl.NVMMASharedLayout.get_default_for([64, 64], kv_dtype))
+
+
+@functools.cache
+def _gluon_side_layout():
+    """Shared-memory layout of fp8_outliers' side tiles (bf16 rows of 32: 64 bytes), the q
+    side's [64, 32] and the k side's [keys, 32] boxes alike."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([64, 32], gl.bfloat16)
 
 
 @functools.cache
