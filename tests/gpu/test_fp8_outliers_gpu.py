@@ -13,7 +13,7 @@ import torch
 
 import mla_plugins
 from mla_plugins.core import fp8
-from tests.core.helpers import LENGTH_CASES, cu_seqlens, poisoned, random_batch
+from tests.core.helpers import FP8_TOL, LENGTH_CASES, cu_seqlens, poisoned, random_batch
 from tests.gpu.conftest import reference_on_device, rel_err
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -99,7 +99,7 @@ def test_matches_float64_and_the_torch_kernel(case, device):
     _outliers(q, k, 10.0)
     ref, ref_lse = reference_on_device(q, k, v, cq, ck)
     out, lse = _run(q, k, v, cq, ck)
-    plain, _ = _run(q, k, v, cq, ck, outliers=False)
+    plain, plain_lse = _run(q, k, v, cq, ck, outliers=False)
     torch_out, _ = _run(q, k, v, cq, ck, kernel="torch")
     assert torch.isfinite(out.float()).all()
     err = rel_err(out, ref)
@@ -108,7 +108,11 @@ def test_matches_float64_and_the_torch_kernel(case, device):
     assert rel_err(out, torch_out.double()) < 2e-2
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen)
-    assert (lse[seen].double() - ref_lse[seen]).abs().max() < 0.1
+    # the lse within the fp8 bound of tests/core/helpers.check_attention (relative, FP8_TOL),
+    # and closer than without: with x10 features the logits reach tens of units, so a stop-45
+    # bound of 0.1 absolute failed at 0.12-0.21 on an H100 (relative 1e-3 or less)
+    lerr = rel_err(lse[seen], ref_lse[seen])
+    assert lerr <= FP8_TOL and lerr < rel_err(plain_lse[seen], ref_lse[seen]), lerr
 
 
 @pytest.mark.parametrize("value,bound", [(10, 0.06), (30, 0.10)])
