@@ -396,9 +396,9 @@ def mla_prefill(
     MLA_PLUGINS_FP8_ROTATE (default off: its measured cost, README) for a 192-wide query/key head.
     fp8_outliers: in fp8, keep each (sequence, head)'s 8 largest features of q and k (by
     amax|q_f| * amax|k_f|) out of the cast and add their product in bf16 (core/fp8.py; with
-    the rotation too, the rest is rotated). Kernels that cannot (flash_attn, aiter, the Gluon
-    kernel) are passed over by kernel="auto" and refuse it when pinned. None:
-    MLA_PLUGINS_FP8_OUTLIERS (default off).
+    the rotation too, the rest is rotated). Kernels that cannot (flash_attn, aiter) are
+    passed over by kernel="auto" and refuse it when pinned. None: MLA_PLUGINS_FP8_OUTLIERS
+    (default off: its cost, README).
     """
     if plan is not None and type(plan) is PrefillPlan and (
             kernel == "auto" or kernel == plan.kernel):

@@ -44,8 +44,9 @@ FLAGS: dict[str, bool | None] = {
     # (benchmarks/NOTES.md); MLA_PLUGINS_FP8_ROTATE=1 or fp8_rotate=True takes it (4x lower
     # error with outlier features)
     "MLA_PLUGINS_FP8_ROTATE": False,
-    # off: only the torch and Triton providers keep the outlier features out (the Gluon
-    # kernel and FA3 do not), so turning it on changes which kernel runs
+    # off: its cost (+22-108% of fp8 end to end on an H100, stop 45, benchmarks/NOTES.md),
+    # and only the torch and Triton providers keep the outlier features out (FA3's and
+    # AITER's APIs cannot), so turning it on changes which kernel runs
     "MLA_PLUGINS_FP8_OUTLIERS": False,
 }
 
