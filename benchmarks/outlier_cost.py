@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from prefill import SHAPES  # noqa: E402
+from rotation_cost import measure_variants, summarize  # noqa: E402
 
 OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 VARIANTS = {"plain": {}, "portable": {"gluon": False}, "outliers": {"fp8_outliers": True},
@@ -39,11 +39,11 @@ VARIANTS = {"plain": {}, "portable": {"gluon": False}, "outliers": {"fp8_outlier
 
 
 def measure_shape(name, lq, lk, heads, device) -> dict:
-    from prefill import graph_ms, make_batch
+    from prefill import make_batch
 
     import mla_plugins
     from mla_plugins.core.kernels import triton_kernel as tk
-    from tests.gpu.conftest import reference_on_device, rel_err
+    from tests.gpu.conftest import reference_on_device
 
     q, k, v, cq, ck = make_batch(lq, lk, heads, device)
     q[..., OUTLIER_FEATURES] *= 10
@@ -75,23 +75,10 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
         fns[key] = fn
     samples = {key: [] for key in fns}
     try:
-        for key, fn in fns.items():
-            fn()
-            row[f"err_{key}"] = rel_err(out, ref)
-        for _ in range(3):
-            for key, fn in fns.items():
-                ms = graph_ms(fn)
-                if ms:
-                    samples[key].append(ms)
+        measure_variants(fns, out, ref, row, samples)
     except Exception as exc:  # noqa: BLE001 - a measurement: say why and go on
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    for key, got in samples.items():
-        if got:
-            row[f"{key}_graph_ms"] = statistics.median(got)
-            row[f"{key}_graph_ms_samples"] = got
-    for key in list(fns)[1:]:
-        if row.get(f"{key}_graph_ms") and row.get("plain_graph_ms"):
-            row[f"{key}_cost"] = row[f"{key}_graph_ms"] / row["plain_graph_ms"] - 1
+    summarize(row, samples)
     print(json.dumps(row), flush=True)
     return row
 

@@ -89,12 +89,12 @@ GLUON_KNOBS = {"none": _OFF, "prefetch": dict(_OFF, PREFETCH=True),
 def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=(),
                   heads_stages=(), kv_blocks=(), gluon_variants=(), min_chunks=(),
                   pdl_off=False) -> list[dict]:
-    from prefill import graph_ms, make_batch
+    from prefill import make_batch
 
     import mla_plugins
     from mla_plugins.core.kernels import triton_heads as th
     from mla_plugins.core.kernels import triton_quant as tq
-    from tests.gpu.conftest import reference_on_device, rel_err
+    from tests.gpu.conftest import reference_on_device
 
     q, k, v, cq, ck = make_batch(lq, lk, heads, device)
     q[..., OUTLIER_FEATURES] *= 10
@@ -152,28 +152,46 @@ def measure_shape(name, lq, lk, heads, kernels, rotations, device, heads_blocks=
         samples = {key: [] for key in fns}
         saved = getattr(tq, "ROTATION", None)
         try:
-            for key, fn in fns.items():
-                fn()
-                row[f"err_{key}"] = rel_err(out, ref)
-            for _ in range(3):
-                for key, fn in fns.items():
-                    ms = graph_ms(fn)
-                    if ms:
-                        samples[key].append(ms)
+            measure_variants(fns, out, ref, row, samples)
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         finally:
             if saved is not None:
                 tq.ROTATION = saved
-        for key, got in samples.items():
-            if got:
-                row[f"{key}_graph_ms"] = statistics.median(got)
-                row[f"{key}_graph_ms_samples"] = got
-        for key in list(fns)[1:]:
-            if row.get(f"{key}_graph_ms") and row.get("plain_graph_ms"):
-                row[f"{key}_cost"] = row[f"{key}_graph_ms"] / row["plain_graph_ms"] - 1
+        summarize(row, samples)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def measure_variants(fns: dict, out, ref, row: dict, samples: dict[str, list[float]],
+                     rounds: int = 3) -> None:
+    """Each variant called once for its error against float64 `ref` (`err_{key}` in `row`,
+    read from `out`), then `rounds` rounds of GPU time (CUDA-graph replay), the variants
+    interleaved, appended to `samples[key]` (kept if a later round raises)."""
+    from prefill import graph_ms
+
+    from tests.gpu.conftest import rel_err
+
+    for key, fn in fns.items():
+        fn()
+        row[f"err_{key}"] = rel_err(out, ref)
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            ms = graph_ms(fn)
+            if ms:
+                samples[key].append(ms)
+
+
+def summarize(row: dict, samples: dict[str, list[float]]) -> None:
+    """Each variant's median GPU time (and its samples) into `row`, and every variant after
+    the first ("plain") as a cost against it: `{key}_graph_ms`, `{key}_cost`."""
+    for key, got in samples.items():
+        if got:
+            row[f"{key}_graph_ms"] = statistics.median(got)
+            row[f"{key}_graph_ms_samples"] = got
+    for key in list(samples)[1:]:
+        if row.get(f"{key}_graph_ms") and row.get("plain_graph_ms"):
+            row[f"{key}_cost"] = row[f"{key}_graph_ms"] / row["plain_graph_ms"] - 1
 
 
 def main() -> None:
