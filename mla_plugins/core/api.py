@@ -57,6 +57,7 @@ def plan_prefill(
     tile_q: int | None = None,
     kv_granularity: int | None = None,
     num_workers: int | None = None,
+    fp8_outliers: bool | None = None,
 ) -> PrefillPlan:
     """Plan the split-KV prefill of one varlen batch, for the kernel that will run it.
 
@@ -66,7 +67,11 @@ def plan_prefill(
     (default: the offsets' device). `kernel="auto"` picks the kernel for this batch as
     `mla_prefill` would (dtype, fp8, head dims, MLA_PLUGINS_KERNEL) and plans with its own
     parameters; `tile_q`, `kv_granularity` and `num_workers` override those parameters.
-    fp8=None plans for either compute mode (selection as for fp8=True).
+    fp8=None plans for either compute mode (selection as for fp8=True). `fp8_outliers`
+    (None: MLA_PLUGINS_FP8_OUTLIERS) plans for calls that keep the outlier features out of
+    the fp8 cast: kernel="auto" then passes over the kernels that cannot (mla_prefill's
+    `fp8_outliers`), so that a framework that sets the variable plans for a kernel that
+    runs its calls.
     """
     cq, ck = host_offsets(cu_seqlens_q, cu_seqlens_k)
     check_positive_int("num_heads", num_heads)
@@ -77,6 +82,8 @@ def plan_prefill(
             raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
     check_positive_int("head_dim_qk", head_dim_qk)
     check_positive_int("head_dim_v", head_dim_v)
+    if fp8_outliers is not None and not isinstance(fp8_outliers, bool):
+        raise TypeError(f"fp8_outliers: found {type(fp8_outliers).__name__}, expected bool or None")
     overrides = {}
     for name, value in (("tile_q", tile_q), ("kv_granularity", kv_granularity),
                         ("num_workers", num_workers)):
@@ -96,6 +103,7 @@ def plan_prefill(
         head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v,
         overrides=overrides,
+        fp8_outliers=fp8 is not False and outliers_apply(head_dim_qk, fp8_outliers),
     )
     chosen, run_fp8 = get_registry().choose(request, kernel, allow_bf16=fp8 is True)
     auto_bf16 = fp8 is True and not run_fp8

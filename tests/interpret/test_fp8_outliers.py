@@ -198,6 +198,28 @@ def test_a_plan_of_another_kernel_is_refused(monkeypatch):
         mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, kernel="torch", fp8_outliers=True)
 
 
+def test_plans_follow_the_setting(monkeypatch):
+    """plan_prefill selects for calls with fp8_outliers (argument or MLA_PLUGINS_FP8_OUTLIERS):
+    a framework that sets the variable gets plans of a kernel that runs its calls (on
+    Hopper kernel="auto" would otherwise plan for FA3, which refuses them)."""
+    from mla_plugins.core.kernels.torch_kernel import TorchKernel
+
+    q, k, v, cq, ck = random_batch([64], [64], 1)
+    plan = mla_plugins.plan_prefill(cq, ck, num_heads=1, fp8=True, fp8_outliers=True)
+    mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=True, fp8_outliers=True)
+    monkeypatch.setattr(TorchKernel, "supports_fp8_outliers", False)
+    for env in (None, "1"):
+        if env:
+            monkeypatch.setenv("MLA_PLUGINS_FP8_OUTLIERS", env)
+        with pytest.raises(ValueError, match="fp8_outliers=True not supported"):
+            mla_plugins.plan_prefill(cq, ck, num_heads=1, fp8=True,
+                                     fp8_outliers=None if env else True)
+    # bf16 plans are not concerned
+    mla_plugins.plan_prefill(cq, ck, num_heads=1, fp8=False)
+    with pytest.raises(TypeError, match="fp8_outliers: found str"):
+        mla_plugins.plan_prefill(cq, ck, num_heads=1, fp8_outliers="yes")
+
+
 # -- the Triton kernels, through the interpreter ---------------------------------------------
 
 

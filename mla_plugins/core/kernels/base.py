@@ -146,6 +146,9 @@ class PlanRequest:
     head_dim_qk: int
     head_dim_v: int
     overrides: dict = field(default_factory=dict)
+    #: the calls keep the outlier features out of the fp8 cast (`plan_prefill(fp8_outliers=)`,
+    #: MLA_PLUGINS_FP8_OUTLIERS): the selection passes over kernels that cannot
+    fp8_outliers: bool = False
     op: ClassVar[str] = "plan"
 
     @property
