@@ -94,7 +94,8 @@
 #   bash benchmarks/device_run.sh dev45o  # fp8_outliers (issue 22): its GPU tests and the persistent
 #                                         # param's (stop 44's fixture fix), its cost at every shape
 #                                         # (outlier_cost.py), the accuracy section
-#   bash benchmarks/device_run.sh dev45g  # fp8_outliers in the Gluon kernel: its GPU tests, its cost
+#   bash benchmarks/device_run.sh dev46   # fp8_outliers' prepared selection (span 512, 1 warp) beside
+#                                         # stop 45's, its GPU tests (then dev36b: every GPU test)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -103,7 +104,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev45g, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev46, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -739,16 +740,17 @@ PY
         timeout 110 python3 benchmarks/accuracy.py > "$out/accuracy.log" 2>&1 || status=1
         tail -9 "$out/accuracy.log"
         ;;
-    dev45g)
-        # for stop 45, after dev45o: fp8_outliers in the Gluon kernel (GLUON_OUTLIERS, off by
-        # default until this): its GPU tests (both kernels' params), then the cost with it
-        # beside the portable kernel's
-        timeout -s INT -k 10 200 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py \
-            -q -rfE -p no:cacheprovider > "$out/gpu-tests-outliers-gluon.log" 2>&1 || status=1
-        tail -6 "$out/gpu-tests-outliers-gluon.log"
-        timeout 300 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers-gluon.json" \
-            > "$out/outlier-cost-gluon.log" 2>&1 || status=1
-        tail -13 "$out/outlier-cost-gluon.log"
+    dev46)
+        # for stop 46: fp8_outliers' cost with the selection's prepared alternative
+        # (triton_quant.OUTLIER_SPAN 512, OUTLIER_SELECT_WARPS 1: "outliers_span512_w1") beside
+        # stop 45's default and the portable kernel, its GPU tests (then `dev36b`: every GPU
+        # test, which stop 45 did not run on its final tree)
+        timeout -s INT -k 10 100 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py \
+            -q -rfE -p no:cacheprovider > "$out/gpu-tests-outliers.log" 2>&1 || status=1
+        tail -4 "$out/gpu-tests-outliers.log"
+        timeout 300 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
+            > "$out/outlier-cost.log" 2>&1 || status=1
+        tail -13 "$out/outlier-cost.log"
         ;;
     dev45)
         # for stop 45: the two tests stop 44's GPU suite failed in its fixture (the persistent

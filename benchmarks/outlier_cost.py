@@ -8,14 +8,18 @@ time; median of three rounds, the variants interleaved):
 - "plain": fp8 as by default (the Gluon kernel where `batch_config` takes it);
 - "portable": fp8 with the Gluon kernel off (MLA_PLUGINS_GLUON=0): the kernel fp8_outliers
   runs on, without the outliers;
-- "outliers": fp8_outliers=True (the selection's two launches, the quantization with the side
-  tiles, the portable kernel's extra 32-deep bf16 product);
-- "outliers_gluon": the same with triton_kernel.GLUON_OUTLIERS on (the Gluon kernel takes the
-  side product where it takes the batch);
+- "outliers": fp8_outliers=True as by default (the selection's two launches, the
+  quantization with the side tiles, the extra 32-deep bf16 product in the Gluon kernel
+  where it takes the batch, else the portable one);
+- "outliers_portable": the same with triton_kernel.GLUON_OUTLIERS off (the portable kernel
+  takes every batch);
+- "outliers_span512_w1": the default with the selection's prepared alternative
+  (triton_quant.OUTLIER_SPAN 512, OUTLIER_SELECT_WARPS 1);
 - "rotated": fp8_rotate=True (dense), the rotation for comparison.
 Errors against float64 on the outlier recipe (features 7 and 128-131 of q and k scaled by 10)
 beside each. Issue 22's bounds: at most +3% at the four large shapes, +5% at the small ones,
-against "plain".
+against "plain". (Stop 45's run, `results/h100-outliers-stop45.json`, predates these names:
+its "outliers" is today's "outliers_portable" and its "outliers_gluon" today's "outliers".)
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from prefill import SHAPES  # noqa: E402
-from rotation_cost import measure_variants, summarize  # noqa: E402
+from rotation_cost import _knobs_set, measure_variants, summarize  # noqa: E402
 
 OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 VARIANTS = {"plain": {}, "portable": {"gluon": False}, "outliers": {"fp8_outliers": True},
-            "outliers_gluon": {"fp8_outliers": True, "gluon_outliers": True},
+            "outliers_portable": {"fp8_outliers": True, "knobs": {("tk", "GLUON_OUTLIERS"): False}},
+            "outliers_span512_w1": {"fp8_outliers": True,
+                                    "knobs": {("tq", "OUTLIER_SPAN"): 512,
+                                              ("tq", "OUTLIER_SELECT_WARPS"): 1}},
             "rotated": {"fp8_rotate": True}}
 
 
@@ -43,6 +50,7 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
 
     import mla_plugins
     from mla_plugins.core.kernels import triton_kernel as tk
+    from mla_plugins.core.kernels import triton_quant as tq
     from tests.gpu.conftest import reference_on_device
 
     q, k, v, cq, ck = make_batch(lq, lk, heads, device)
@@ -55,20 +63,20 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
     for key, opts in VARIANTS.items():
         opts = dict(opts)
         gluon = opts.pop("gluon", True)
-        gluon_outliers = opts.pop("gluon_outliers", False)
+        knobs = {({"tk": tk, "tq": tq}[m], name): value
+                 for (m, name), value in opts.pop("knobs", {}).items()}
         env = {} if gluon else {"MLA_PLUGINS_GLUON": "0"}
         # its own plan: the provider's configuration is decided per plan
         plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, fp8=True,
                                         kernel="triton", device=device)
 
-        def fn(plan=plan, opts=opts, env=env, gluon_outliers=gluon_outliers):
+        def fn(plan=plan, opts=opts, env=env, knobs=knobs):
             os.environ.update(env)
-            saved, tk.GLUON_OUTLIERS = tk.GLUON_OUTLIERS, gluon_outliers
             try:
-                mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=True, out=out, kernel="triton",
-                                        **opts)
+                with _knobs_set(knobs):
+                    mla_plugins.mla_prefill(q, k, v, plan=plan, fp8=True, out=out,
+                                            kernel="triton", **opts)
             finally:
-                tk.GLUON_OUTLIERS = saved
                 for name_ in env:
                     os.environ.pop(name_)
 
@@ -94,8 +102,8 @@ def main() -> None:
     wanted = set(args.shapes.split(",")) if args.shapes else None
     rows = [measure_shape(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
             if wanted is None or n in wanted]
-    print(f"\n{'shape':>26} {'plain ms':>9} {'portable':>9} {'outliers':>9} {'outl gl':>9} "
-          f"{'rotated':>9} {'err plain':>9} {'err outl':>9} {'err ogl':>9} {'err rot':>9}")
+    print(f"\n{'shape':>26} {'plain ms':>9} {'portable':>9} {'outliers':>9} {'outl port':>9} "
+          f"{'span512w1':>9} {'rotated':>9} {'err plain':>9} {'err outl':>9} {'err rot':>9}")
     def cost(r, key):
         x = r.get(f"{key}_cost")
         return "-" if x is None else f"{100 * x:+.1f}%"
@@ -103,9 +111,9 @@ def main() -> None:
     for r in rows:
         c = lambda key, r=r: cost(r, key)  # noqa: E731
         print(f"{r['shape']:>26} {r.get('plain_graph_ms', 0):>9.3f} {c('portable'):>9} "
-              f"{c('outliers'):>9} {c('outliers_gluon'):>9} {c('rotated'):>9} "
-              f"{r.get('err_plain', 0):>9.4f} {r.get('err_outliers', 0):>9.4f} "
-              f"{r.get('err_outliers_gluon', 0):>9.4f} {r.get('err_rotated', 0):>9.4f}")
+              f"{c('outliers'):>9} {c('outliers_portable'):>9} {c('outliers_span512_w1'):>9} "
+              f"{c('rotated'):>9} {r.get('err_plain', 0):>9.4f} {r.get('err_outliers', 0):>9.4f} "
+              f"{r.get('err_rotated', 0):>9.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=1)

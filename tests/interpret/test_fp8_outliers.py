@@ -224,7 +224,10 @@ def test_plans_follow_the_setting(monkeypatch):
 
 
 @needs_interp
-def test_triton_selection_follows_the_rule():
+@pytest.mark.parametrize("span,warps", [(None, None), (128, 1)], ids=["default", "span128-w1"])
+def test_triton_selection_follows_the_rule(span, warps):
+    """The selection's two launches give the rule's features, whatever span each first-pass
+    program covers and however many warps the second runs (triton_quant's knobs)."""
     from mla_plugins.core.kernels import triton_quant as tq
 
     q, k, _, cq, ck = _outlier_batch(torch.float16)
@@ -234,8 +237,11 @@ def test_triton_selection_follows_the_rule():
     k[ckh[0]:ckh[1], 2, 99] = 0.0
     q[cqh[0] + 2, 2, 99] = float("inf")  # inf * 0: NaN, +inf
     want = fp8.outlier_features(q, k, cqh, ckh)
-    got = tq.select_outliers(q, k, cq, ck, len(LENS_Q), max(LENS_Q), max(LENS_K))
+    got = tq.select_outliers(q, k, cq, ck, len(LENS_Q), max(LENS_Q), max(LENS_K), span=span,
+                             select_warps=warps)
     assert torch.equal(got.long(), want)
+    with pytest.raises(ValueError, match="span: found 96"):
+        tq.select_outliers(q, k, cq, ck, len(LENS_Q), max(LENS_Q), max(LENS_K), span=96)
 
 
 @needs_interp

@@ -146,8 +146,15 @@ ROTATION = "dense"
 #: rows (2 CTAs per SM), 80 / 64 at 32 rows, 77 / 64 at 64
 KRON_ROWS = 16
 KRON_ROWS_ALLOWED = (16, 32, 64)
-#: rows of q and of k one program of the outlier selection's first pass reads per head
+#: rows of q and of k one program of the outlier selection's first pass holds at once per
+#: head, and the rows it covers in turn (OUTLIER_SPAN, a multiple: the second pass then
+#: merges span / chunk times fewer partial maxima), and the second pass's warps. 64 / 64 / 4
+#: is what stop 45 measured (benchmarks/NOTES.md: the second pass's serial merge and its
+#: 8 rounds of cross-warp reductions are suspected of most of the small shapes' cost);
+#: 512 and 1 warp are the prepared alternative (outlier_cost.py's "outliers_span512_w1")
 OUTLIER_CHUNK = 64
+OUTLIER_SPAN = 64
+OUTLIER_SELECT_WARPS = 4
 
 assert NOPE + ROPE == ROTATION_DIM
 
@@ -462,23 +469,29 @@ if triton is not None:
                  mask=ok)
 
     @triton.jit
-    def _feature_amax(src, r0, r1, c, s_t, s_h, h, dst, CHUNK: tl.constexpr):
-        """Rows [c * CHUNK, (c + 1) * CHUNK) of one head of a sequence's q or k (rows r0 ...
-        r1 of src): each feature's largest `abs_bits` (int16: NaN above inf, so an integer
-        max propagates it) at dst [192]; rows past r1 count as zeros."""
+    def _feature_amax(src, r0, r1, c, s_t, s_h, h, dst, CHUNK: tl.constexpr, SPAN: tl.constexpr):
+        """Rows [c * SPAN, (c + 1) * SPAN) of one head of a sequence's q or k (rows r0 ... r1
+        of src), CHUNK at a time: each feature's largest `abs_bits` (int16: NaN above inf, so
+        an integer max propagates it) at dst [192]; rows past r1 count as zeros."""
         t = tl.arange(0, CHUNK)
-        first = r0 + c * CHUNK
-        ok = (t < r1 - first)[:, None]
-        xn, xr = load_rows(src + h.to(tl.int64) * s_h + first.to(tl.int64) * s_t, t[:, None] * s_t, ok)
-        tl.store(dst + tl.arange(0, NOPE_C), tl.reduce(abs_bits(xn), 0, _imax))
-        tl.store(dst + NOPE_C + tl.arange(0, ROPE_C), tl.reduce(abs_bits(xr), 0, _imax))
+        m_n = tl.zeros([NOPE_C], dtype=tl.int16)
+        m_r = tl.zeros([ROPE_C], dtype=tl.int16)
+        for i in tl.range(0, SPAN // CHUNK):
+            first = r0 + c * SPAN + i * CHUNK
+            ok = (t < r1 - first)[:, None]
+            xn, xr = load_rows(src + h.to(tl.int64) * s_h + first.to(tl.int64) * s_t,
+                               t[:, None] * s_t, ok)
+            m_n = tl.maximum(m_n, tl.reduce(abs_bits(xn), 0, _imax))
+            m_r = tl.maximum(m_r, tl.reduce(abs_bits(xr), 0, _imax))
+        tl.store(dst + tl.arange(0, NOPE_C), m_n)
+        tl.store(dst + NOPE_C + tl.arange(0, ROPE_C), m_r)
 
     @triton.jit
     def _outlier_amax_kernel(Q, K, AMax, CuQ, CuK, sq_t, sq_h, sk_t, sk_h, heads,
-                             CHUNK: tl.constexpr):
-        """Grid (chunks of the longest sequence, sequences, heads): the per-feature amax bits
-        of chunk c of sequence b's q rows and of its k rows, head h, at
-        AMax[c, b, h, 0 (q) / 1 (k), :192] (`_feature_amax`); a chunk past both of the
+                             CHUNK: tl.constexpr, SPAN: tl.constexpr):
+        """Grid (spans of SPAN rows of the longest sequence, sequences, heads): the
+        per-feature amax bits of span c of sequence b's q rows and of its k rows, head h, at
+        AMax[c, b, h, 0 (q) / 1 (k), :192] (`_feature_amax`); a span past both of the
         sequence's lengths writes nothing (`_outlier_select_kernel` reads only its own)."""
         c = tl.program_id(0)
         b = tl.program_id(1)
@@ -487,14 +500,14 @@ if triton is not None:
         q1 = tl.load(CuQ + b + 1)
         k0 = tl.load(CuK + b)
         k1 = tl.load(CuK + b + 1)
-        if c * CHUNK < tl.maximum(q1 - q0, k1 - k0):
+        if c * SPAN < tl.maximum(q1 - q0, k1 - k0):
             dst = AMax + (((c * tl.num_programs(1) + b) * heads + h) * 2).to(tl.int64) * (NOPE_C + ROPE_C)
-            _feature_amax(Q, q0, q1, c, sq_t, sq_h, h, dst, CHUNK)
-            _feature_amax(K, k0, k1, c, sk_t, sk_h, h, dst + NOPE_C + ROPE_C, CHUNK)
+            _feature_amax(Q, q0, q1, c, sq_t, sq_h, h, dst, CHUNK, SPAN)
+            _feature_amax(K, k0, k1, c, sk_t, sk_h, h, dst + NOPE_C + ROPE_C, CHUNK, SPAN)
 
     @triton.jit
-    def _outlier_select_kernel(Q, AMax, Sel, CuQ, CuK, heads, CHUNK: tl.constexpr):
-        """Grid (sequences, heads): core/fp8.py's `outlier_features` from the chunks' amax bits
+    def _outlier_select_kernel(Q, AMax, Sel, CuQ, CuK, heads, SPAN: tl.constexpr):
+        """Grid (sequences, heads): core/fp8.py's `outlier_features` from the spans' amax bits
         (`_outlier_amax_kernel`): score_f = amax|q_f| * amax|k_f| in float32 (NaN -> +inf),
         the 8 largest taken one at a time (ties to the lower feature), stored at Sel[b, h]
         in ascending feature order."""
@@ -505,7 +518,7 @@ if triton is not None:
         real = f < NOPE_C + ROPE_C
         aq = tl.zeros([256], dtype=tl.int16)
         ak = tl.zeros([256], dtype=tl.int16)
-        for c in tl.range(0, tl.cdiv(n, CHUNK)):
+        for c in tl.range(0, tl.cdiv(n, SPAN)):
             src = AMax + (((c * tl.num_programs(0) + b) * heads + h) * 2).to(tl.int64) * (NOPE_C + ROPE_C)
             aq = tl.maximum(aq, tl.load(src + f, mask=real, other=0))
             ak = tl.maximum(ak, tl.load(src + NOPE_C + ROPE_C + f, mask=real, other=0))
@@ -1075,23 +1088,30 @@ def quantize_qkv(
 
 def select_outliers(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor,
                     cu_seqlens_k: torch.Tensor, batch: int, max_seqlen_q: int,
-                    max_seqlen_k: int) -> torch.Tensor:
+                    max_seqlen_k: int, *, span: int | None = None,
+                    select_warps: int | None = None) -> torch.Tensor:
     """int32 [B, H, 8]: core/fp8.py's `outlier_features` of each (sequence, head), in two
-    launches (per-feature amax bits over OUTLIER_CHUNK-row chunks, then the selection); the
-    chunks' scratch is allocated here (the Triton provider does not replay such calls)."""
+    launches (per-feature amax bits over `span`-row spans, OUTLIER_CHUNK rows at a time, then
+    the selection at `select_warps`; None: OUTLIER_SPAN, OUTLIER_SELECT_WARPS, read at the
+    call); the spans' scratch is allocated here (the Triton provider does not replay such
+    calls). The result does not depend on the knobs."""
+    span = OUTLIER_SPAN if span is None else span
+    select_warps = OUTLIER_SELECT_WARPS if select_warps is None else select_warps
+    if span < OUTLIER_CHUNK or span % OUTLIER_CHUNK:
+        raise ValueError(f"span: found {span}, expected a multiple of {OUTLIER_CHUNK}")
     heads = k.shape[1]
     sel = torch.empty(batch, heads, OUTLIER_FEATURES, dtype=torch.int32, device=k.device)
     if batch == 0:
         return sel
-    chunks = triton.cdiv(max(max_seqlen_q, max_seqlen_k), OUTLIER_CHUNK)
+    chunks = triton.cdiv(max(max_seqlen_q, max_seqlen_k), span)
     amax = torch.empty(max(chunks, 1), batch, heads, 2, ROTATION_DIM, dtype=torch.int16,
                        device=k.device)
     if chunks:
         _outlier_amax_kernel[(chunks, batch, heads)](
             q, k, amax, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), k.stride(0),
-            k.stride(1), heads, CHUNK=OUTLIER_CHUNK, num_warps=4)
+            k.stride(1), heads, CHUNK=OUTLIER_CHUNK, SPAN=span, num_warps=4)
     _outlier_select_kernel[(batch, heads)](q, amax, sel, cu_seqlens_q, cu_seqlens_k, heads,
-                                           CHUNK=OUTLIER_CHUNK, num_warps=4)
+                                           SPAN=span, num_warps=select_warps)
     return sel
 
 
