@@ -321,20 +321,9 @@ def run_prefill(
         check_fp8_plan(plan, config)
         cq_host, ck_host = plan.cu_seqlens_host
         batch = len(ck_host) - 1
-        fp8_max = float(torch.finfo(inputs.fp8_dtype).max)
-        storage = inputs.fp8_dtype
-        if _FP8_STORAGE is not None and _interpreting():
-            storage = _FP8_STORAGE  # the interpreter has no fp8: same logic, fp16 storage
+        storage = _storage_dtype(inputs.fp8_dtype)
         if quantized is None:
-            outliers = None
-            if inputs.fp8_outliers:
-                outliers = tq.outlier_buffers(q, k, inputs.cu_seqlens_q, inputs.cu_seqlens_k, batch,
-                                              plan.max_seqlen_q, plan.max_seqlen_k, _side_dtype())
-                sides = outliers[1:]
-            quantized = tq.quantize_qkv(
-                q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, batch, plan.max_seqlen_q,
-                plan.max_seqlen_k, storage, fp8_max, rotate=inputs.fp8_rotate,
-                sms=default_num_workers(device), outliers=outliers)
+            quantized, sides = quantize(inputs, plan)
         if inputs.fp8_outliers and sides is None:
             raise ValueError("sides: found None with fp8_outliers, expected the (q_side, k_side) "
                              "that quantize_qkv(..., outliers=...) filled")
@@ -721,24 +710,10 @@ class TritonKernel(Kernel):
 
     def _run_ordinary(self, inputs: PrefillInputs, plan: PrefillPlan, out: torch.Tensor,
                       lse: torch.Tensor | None, scratch: dict[str, torch.Tensor]) -> None:
-        from . import triton_quant as tq
-
-        quantized = sides = outliers = None
+        quantized = sides = None
         if inputs.fp8 and "k8" in scratch and _quantize_into_supported():
-            if inputs.fp8_outliers:
-                outliers = tq.outlier_buffers(inputs.q, inputs.k, plan.cu_seqlens_q,
-                                              plan.cu_seqlens_k, plan.batch_size, plan.max_seqlen_q,
-                                              plan.max_seqlen_k, _side_dtype())
-                sides = outliers[1:]
-            quantized = tq.quantize_qkv(
-                inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k,
-                plan.batch_size, plan.max_seqlen_q, plan.max_seqlen_k,
-                _storage_dtype(inputs.fp8_dtype), float(torch.finfo(inputs.fp8_dtype).max),
-                out=(scratch["q8"], scratch["q_scales"], scratch["k8"], scratch["vt8"],
-                     scratch["scales"]),
-                rotate=inputs.fp8_rotate, sms=default_num_workers(inputs.q.device),
-                outliers=outliers,
-            )
+            quantized, sides = quantize(inputs, plan, out=(
+                scratch["q8"], scratch["q_scales"], scratch["k8"], scratch["vt8"], scratch["scales"]))
         partial_out, partial_lse = scratch["partial_out"], scratch["partial_lse"]
         run_prefill(inputs, plan, out, lse, partial_out, partial_lse, quantized=quantized,
                     sides=sides)
@@ -791,6 +766,27 @@ class TritonKernel(Kernel):
                 inputs.out,
                 inputs.final_lse,
             )
+
+
+def quantize(inputs: PrefillInputs, plan: PrefillPlan, out: tuple[torch.Tensor, ...] | None = None
+             ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, torch.Tensor] | None]:
+    """(quantize_qkv's five tensors, (q_side, k_side) with `inputs.fp8_outliers`, else None):
+    the fp8 quantization of a call (rotated as `inputs.fp8_rotate` says; the outliers'
+    selection first, its side tiles allocated here), into `out` (the workspace's buffers)
+    or new tensors."""
+    from . import triton_quant as tq
+
+    outliers = None
+    if inputs.fp8_outliers:
+        outliers = tq.outlier_buffers(inputs.q, inputs.k, plan.cu_seqlens_q, plan.cu_seqlens_k,
+                                      plan.batch_size, plan.max_seqlen_q, plan.max_seqlen_k,
+                                      _side_dtype())
+    quantized = tq.quantize_qkv(
+        inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
+        plan.max_seqlen_q, plan.max_seqlen_k, _storage_dtype(inputs.fp8_dtype),
+        float(torch.finfo(inputs.fp8_dtype).max), out=out, rotate=inputs.fp8_rotate,
+        sms=default_num_workers(inputs.q.device), outliers=outliers)
+    return quantized, None if outliers is None else outliers[1:]
 
 
 def _storage_dtype(fp8_dtype: torch.dtype) -> torch.dtype:
