@@ -82,8 +82,7 @@ def plan_prefill(
             raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
     check_positive_int("head_dim_qk", head_dim_qk)
     check_positive_int("head_dim_v", head_dim_v)
-    if fp8_outliers is not None and not isinstance(fp8_outliers, bool):
-        raise TypeError(f"fp8_outliers: found {type(fp8_outliers).__name__}, expected bool or None")
+    outliers = outliers_apply(head_dim_qk, fp8_outliers, fp8 is not False)
     overrides = {}
     for name, value in (("tile_q", tile_q), ("kv_granularity", kv_granularity),
                         ("num_workers", num_workers)):
@@ -103,7 +102,7 @@ def plan_prefill(
         head_dim_qk=head_dim_qk,
         head_dim_v=head_dim_v,
         overrides=overrides,
-        fp8_outliers=fp8 is not False and outliers_apply(head_dim_qk, fp8_outliers),
+        fp8_outliers=outliers,
     )
     chosen, run_fp8 = get_registry().choose(request, kernel, allow_bf16=fp8 is True)
     auto_bf16 = fp8 is True and not run_fp8
@@ -231,9 +230,7 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
     if fp8_rotate is not None and not isinstance(fp8_rotate, bool):
         raise TypeError(f"fp8_rotate: found {type(fp8_rotate).__name__}, expected bool or None")
     rotate = fp8 and rotation_applies(q.shape[2], fp8_rotate)
-    if fp8_outliers is not None and not isinstance(fp8_outliers, bool):
-        raise TypeError(f"fp8_outliers: found {type(fp8_outliers).__name__}, expected bool or None")
-    outliers = fp8 and outliers_apply(q.shape[2], fp8_outliers)
+    outliers = outliers_apply(q.shape[2], fp8_outliers, fp8)
     if plan is not None:
         found = (plan.total_q, plan.total_k, plan.num_heads, plan.causal)
         expected = (q.shape[0], k.shape[0], q.shape[1], causal)

@@ -291,10 +291,15 @@ def head_quantize(x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.d
     return x8, scales
 
 
-def outliers_apply(head_dim_qk: int, fp8_outliers: bool | None) -> bool:
-    """Whether q's and k's outlier features are kept out of the cast: `fp8_outliers` (None:
-    MLA_PLUGINS_FP8_OUTLIERS, default off). A head narrower than OUTLIER_FEATURES + 1
-    features raises ValueError naming the argument when asked explicitly."""
+def outliers_apply(head_dim_qk: int, fp8_outliers: bool | None, fp8: bool = True) -> bool:
+    """Whether q's and k's outlier features are kept out of the cast: in fp8 only (`fp8`),
+    `fp8_outliers` (None: MLA_PLUGINS_FP8_OUTLIERS, default off). Another type than bool or
+    None raises TypeError whatever the mode, and in fp8 a head narrower than
+    OUTLIER_FEATURES + 1 features ValueError, naming the argument."""
+    if fp8_outliers is not None and not isinstance(fp8_outliers, bool):
+        raise TypeError(f"fp8_outliers: found {type(fp8_outliers).__name__}, expected bool or None")
+    if not fp8:
+        return False
     if fp8_outliers is None:
         from .settings import fp8_outliers_enabled
 
@@ -332,13 +337,11 @@ def outlier_features(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: Sequence[in
 def _row_selection(features: torch.Tensor, cu_seqlens: Sequence[int], total: int) -> torch.Tensor:
     """int64 [T, H, OUTLIER_FEATURES]: every row's sequence's selected features (rows past
     cu_seqlens[-1], if any, select features 0..7 of nothing: they are zero rows)."""
-    cu = [int(c) for c in cu_seqlens]
-    seq = torch.zeros(total, dtype=torch.int64)
-    for b in range(len(cu) - 1):
-        seq[cu[b]:cu[b + 1]] = b
-    rows = features[seq.to(features.device)]
-    if cu and cu[-1] < total:
-        rows[cu[-1]:] = torch.arange(OUTLIER_FEATURES, device=features.device)
+    cu = torch.tensor([int(c) for c in cu_seqlens], dtype=torch.int64)
+    seq = torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff())
+    rows = features[torch.cat([seq, seq.new_zeros(total - len(seq))]).to(features.device)]
+    if len(seq) < total:
+        rows[len(seq):] = torch.arange(OUTLIER_FEATURES, device=features.device)
     return rows
 
 
