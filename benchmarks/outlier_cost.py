@@ -34,9 +34,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from prefill import SHAPES  # noqa: E402
-from rotation_cost import _knobs_set, measure_variants, summarize  # noqa: E402
+from rotation_cost import OUTLIER_FEATURES, _knobs_set, measure_variants, summarize  # noqa: E402
 
-OUTLIER_FEATURES = [7, 128, 129, 130, 131]
 VARIANTS = {"plain": {}, "portable": {"gluon": False}, "outliers": {"fp8_outliers": True},
             "outliers_portable": {"fp8_outliers": True, "knobs": {("tk", "GLUON_OUTLIERS"): False}},
             "outliers_span512_w1": {"fp8_outliers": True,

@@ -27,13 +27,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from accuracy import FEATURES  # noqa: E402
 from prefill import SHAPES as PREFILL_SHAPES  # noqa: E402
 
 #: the four large and the three small shapes of the benchmark (the chunked ones left out)
 SHAPES = [s for s in PREFILL_SHAPES if not s[0].startswith("chunked")]
 #: the rotations a provider runs: the block rule's quantize_qkv (ours) has no Gluon cast
 RUNS = {"flash_attn": ("dense", "kron", "gluon"), "triton": ("dense", "kron")}
-OUTLIER_FEATURES = [7, 128, 129, 130, 131]
+#: the accuracy section's outlier recipe's features (scaled by 10 here)
+OUTLIER_FEATURES = list(FEATURES)
 
 
 @contextlib.contextmanager

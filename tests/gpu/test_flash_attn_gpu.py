@@ -17,7 +17,7 @@ import torch
 
 import mla_plugins
 from tests.core.helpers import BF16_TOL, FP8_TOL, poisoned, random_batch
-from tests.gpu.conftest import reference_on_device, rel_err
+from tests.gpu.conftest import reference_on_device, rel_err, scale_outliers
 
 pytestmark = [pytest.mark.gpu]  # no GPU: skipped by tests/conftest.py
 
@@ -252,9 +252,7 @@ def test_planned_calls_follow_the_rotation_implementation(kernel, monkeypatch):
 
     monkeypatch.setattr(th, "HEAD_ROTATION", None)  # triton_quant.ROTATION names the cast
     q, k, v, cq, ck = random_batch([300, 700], [300, 900], 4, device="cuda", seed=91)
-    for x in (q, k):
-        x[..., 7] *= 10
-        x[..., 128:132] *= 10
+    scale_outliers(q, k)
     ref, _ = reference_on_device(q, k, v, cq, ck, causal=True)
     plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=4, device=q.device, fp8=True,
                                     kernel=kernel)

@@ -15,7 +15,7 @@ import torch
 import mla_plugins
 from mla_plugins.core import fp8
 from tests.core.helpers import FP8_TOL, LENGTH_CASES, poisoned, random_batch
-from tests.gpu.conftest import reference_on_device, rel_err
+from tests.gpu.conftest import reference_on_device, rel_err, scale_outliers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from accuracy import recipe  # noqa: E402
@@ -45,12 +45,6 @@ def phase1(request, monkeypatch, device):
     return request.param
 
 
-def _outliers(q, k, scale):
-    for x in (q, k):
-        x[..., 7] *= scale
-        x[..., 128:132] *= scale
-
-
 def _run(q, k, v, cq, ck, *, outliers=True, plan=None, rotate=False, kernel="triton"):
     out = poisoned((q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device)
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, out=out, return_lse=True, plan=plan,
@@ -66,7 +60,7 @@ def test_quantization_is_the_rule(rotate, device):
 
     lens_q, lens_k = [300, 0, 520, 200], [700, 40, 520, 333]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 4, device=device)
-    _outliers(q, k, 20.0)
+    scale_outliers(q, k, 20.0)
     k[ck[2].item() + 5, 1, 9] = float("nan")
     batch = len(lens_q)
     bufs = tq.outlier_buffers(q, k, cq, ck, batch, max(lens_q), max(lens_k))
@@ -97,7 +91,7 @@ def test_quantization_is_the_rule(rotate, device):
 def test_matches_float64_and_the_torch_kernel(case, device):
     lens_q, lens_k = LENGTH_CASES[case]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 8, device=device)
-    _outliers(q, k, 10.0)
+    scale_outliers(q, k, 10.0)
     ref, ref_lse = reference_on_device(q, k, v, cq, ck)
     out, lse = _run(q, k, v, cq, ck)
     plain, plain_lse = _run(q, k, v, cq, ck, outliers=False)
@@ -128,7 +122,7 @@ def test_issue_22_recipe(value, bound, device):
 def test_graph_capture(device):
     lens = [700, 333]
     q, k, v, cq, ck = random_batch(lens, lens, 8, device=device)
-    _outliers(q, k, 10.0)
+    scale_outliers(q, k, 10.0)
     plan = mla_plugins.plan_prefill(cq, ck, num_heads=8, kernel="triton", fp8=True)
     want, _ = _run(q, k, v, cq, ck, plan=plan)
     out = torch.empty_like(want)

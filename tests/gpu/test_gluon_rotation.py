@@ -20,7 +20,7 @@ import torch
 
 import mla_plugins
 from tests.core.helpers import FP8_TOL, poisoned, random_batch
-from tests.gpu.conftest import reference_on_device, rel_err
+from tests.gpu.conftest import reference_on_device, rel_err, scale_outliers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.triton]  # no GPU: skipped by tests/conftest.py
 
@@ -303,9 +303,7 @@ def test_fa3_provider_outliers_replay_and_graph(gluon_rotation, monkeypatch):
     lens_q, lens_k = [300, 700], [300, 900]
     heads = 4
     q, k, v, cq, ck = random_batch(lens_q, lens_k, heads, device="cuda", seed=91)
-    for x in (q, k):
-        x[..., 7] *= 10
-        x[..., 128:132] *= 10
+    scale_outliers(q, k)
     ref, _ = reference_on_device(q, k, v, cq, ck)
     plan = mla_plugins.plan_prefill(cq.tolist(), ck.tolist(), num_heads=heads, device=q.device,
                                     fp8=True, kernel="flash_attn")

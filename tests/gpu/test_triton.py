@@ -19,7 +19,7 @@ from tests.core.helpers import (
     poisoned,
     random_batch,
 )
-from tests.gpu.conftest import make_inputs, reference_on_device, rel_err
+from tests.gpu.conftest import make_inputs, reference_on_device, rel_err, scale_outliers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.triton]  # skips come from tests/conftest.py
 
@@ -408,13 +408,6 @@ def test_kv_blocks_quantization_writes_the_same_bytes(rotate, phase1, device):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def _outliers(q, k):
-    """A few features of q and k 10x the others (field-findings section 7)."""
-    for x in (q, k):
-        x[..., 7] *= 10
-        x[..., 128:132] *= 10
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_rotated_fp8_matches_float64(case, device):
     """fp8 with the rotation (the default) against float64, and on inputs with outlier
@@ -426,7 +419,7 @@ def test_rotated_fp8_matches_float64(case, device):
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, fp8_rotate=True, out=out,
                                      return_lse=True, kernel="triton")
     check(out, lse, ref_out, ref_lse, FP8_TOL)
-    _outliers(q, k)
+    scale_outliers(q, k)
     ref_out, _ = reference_on_device(q, k, v, cq, ck, causal=True)
     errs = {}
     for rotate in (False, True):
