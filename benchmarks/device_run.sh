@@ -94,8 +94,8 @@
 #   bash benchmarks/device_run.sh dev45o  # fp8_outliers (issue 22): its GPU tests and the persistent
 #                                         # param's (stop 44's fixture fix), its cost at every shape
 #                                         # (outlier_cost.py), the accuracy section
-#   bash benchmarks/device_run.sh dev46   # fp8_outliers' prepared selection (span 512, 1 warp) beside
-#                                         # stop 45's, its GPU tests (then dev36b: every GPU test)
+#   bash benchmarks/device_run.sh dev46   # fp8_outliers' second rule (fp8 corrections): its GPU
+#                                         # tests, its cost, the accuracy section (then dev36b)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -741,16 +741,18 @@ PY
         tail -9 "$out/accuracy.log"
         ;;
     dev46)
-        # for stop 46: fp8_outliers' cost with the selection's prepared alternative
-        # (triton_quant.OUTLIER_SPAN 512, OUTLIER_SELECT_WARPS 1: "outliers_span512_w1") beside
-        # stop 45's default and the portable kernel, its GPU tests (then `dev36b`: every GPU
-        # test, which stop 45 did not run on its final tree)
-        timeout -s INT -k 10 100 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py \
-            -q -rfE -p no:cacheprovider > "$out/gpu-tests-outliers.log" 2>&1 || status=1
-        tail -4 "$out/gpu-tests-outliers.log"
-        timeout 300 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
+        # for stop 46: fp8_outliers' second rule (the fp8 rounding of the selected features
+        # corrected by fp8 hi/lo side tiles chained in the fp8 product; the maxima published
+        # by the quantization): its GPU tests and the isolation test's outliers mode, its cost
+        # (outlier_cost.py) and the accuracy section
+        timeout -s INT -k 10 110 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
+            -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
+        tail -6 "$out/gpu-tests-outliers.log"
+        timeout 280 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
             > "$out/outlier-cost.log" 2>&1 || status=1
         tail -13 "$out/outlier-cost.log"
+        timeout 110 python3 benchmarks/accuracy.py > "$out/accuracy.log" 2>&1 || status=1
+        tail -9 "$out/accuracy.log"
         ;;
     dev45)
         # for stop 45: the two tests stop 44's GPU suite failed in its fixture (the persistent

@@ -8,18 +8,19 @@ time; median of three rounds, the variants interleaved):
 - "plain": fp8 as by default (the Gluon kernel where `batch_config` takes it);
 - "portable": fp8 with the Gluon kernel off (MLA_PLUGINS_GLUON=0): the kernel fp8_outliers
   runs on, without the outliers;
-- "outliers": fp8_outliers=True as by default (the selection's two launches, the
-  quantization with the side tiles, the extra 32-deep bf16 product in the Gluon kernel
-  where it takes the batch, else the portable one);
+- "outliers": fp8_outliers=True as by default (the quantization publishing the per-feature
+  maxima, the selection and side tiles' launch, the extra 32-deep fp8 product in the Gluon
+  kernel where it takes the batch, else the portable one);
 - "outliers_portable": the same with triton_kernel.GLUON_OUTLIERS off (the portable kernel
   takes every batch);
-- "outliers_span512_w1": the default with the selection's prepared alternative
-  (triton_quant.OUTLIER_SPAN 512, OUTLIER_SELECT_WARPS 1);
+- "outliers_rows64": the default with triton_quant.OUTLIER_ROWS 64 (four times the side
+  programs, each selecting again);
 - "rotated": fp8_rotate=True (dense), the rotation for comparison.
 Errors against float64 on the outlier recipe (features 7 and 128-131 of q and k scaled by 10)
 beside each. Issue 22's bounds: at most +3% at the four large shapes, +5% at the small ones,
 against "plain". (Stop 45's run, `results/h100-outliers-stop45.json`, predates these names:
-its "outliers" is today's "outliers_portable" and its "outliers_gluon" today's "outliers".)
+its "outliers" is today's "outliers_portable" and its "outliers_gluon" today's "outliers",
+both of stop 45's rule: bf16 side tiles and a separate selection pass.)
 """
 
 from __future__ import annotations
@@ -38,9 +39,7 @@ from rotation_cost import OUTLIER_FEATURES, _knobs_set, measure_variants, summar
 
 VARIANTS = {"plain": {}, "portable": {"gluon": False}, "outliers": {"fp8_outliers": True},
             "outliers_portable": {"fp8_outliers": True, "knobs": {("tk", "GLUON_OUTLIERS"): False}},
-            "outliers_span512_w1": {"fp8_outliers": True,
-                                    "knobs": {("tq", "OUTLIER_SPAN"): 512,
-                                              ("tq", "OUTLIER_SELECT_WARPS"): 1}},
+            "outliers_rows64": {"fp8_outliers": True, "knobs": {("tq", "OUTLIER_ROWS"): 64}},
             "rotated": {"fp8_rotate": True}}
 
 
@@ -102,7 +101,7 @@ def main() -> None:
     rows = [measure_shape(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
             if wanted is None or n in wanted]
     print(f"\n{'shape':>26} {'plain ms':>9} {'portable':>9} {'outliers':>9} {'outl port':>9} "
-          f"{'span512w1':>9} {'rotated':>9} {'err plain':>9} {'err outl':>9} {'err rot':>9}")
+          f"{'rows64':>9} {'rotated':>9} {'err plain':>9} {'err outl':>9} {'err rot':>9}")
     def cost(r, key):
         x = r.get(f"{key}_cost")
         return "-" if x is None else f"{100 * x:+.1f}%"
@@ -110,7 +109,7 @@ def main() -> None:
     for r in rows:
         c = lambda key, r=r: cost(r, key)  # noqa: E731
         print(f"{r['shape']:>26} {r.get('plain_graph_ms', 0):>9.3f} {c('portable'):>9} "
-              f"{c('outliers'):>9} {c('outliers_portable'):>9} {c('outliers_span512_w1'):>9} "
+              f"{c('outliers'):>9} {c('outliers_portable'):>9} {c('outliers_rows64'):>9} "
               f"{c('rotated'):>9} {r.get('err_plain', 0):>9.4f} {r.get('err_outliers', 0):>9.4f} "
               f"{r.get('err_rotated', 0):>9.4f}")
     if args.out:

@@ -229,8 +229,8 @@ def _prefill_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, 
             raise TypeError(f"{name}: found {type(flag).__name__}, expected bool")
     if fp8_rotate is not None and not isinstance(fp8_rotate, bool):
         raise TypeError(f"fp8_rotate: found {type(fp8_rotate).__name__}, expected bool or None")
-    rotate = fp8 and rotation_applies(q.shape[2], fp8_rotate)
     outliers = outliers_apply(q.shape[2], fp8_outliers, fp8)
+    rotate = fp8 and rotation_applies(q.shape[2], fp8_rotate, outliers)
     if plan is not None:
         found = (plan.total_q, plan.total_k, plan.num_heads, plan.causal)
         expected = (q.shape[0], k.shape[0], q.shape[1], causal)
@@ -399,9 +399,10 @@ def mla_prefill(
     fp8_rotate: in fp8, multiply q and k by core/fp8.py's orthonormal rotation before the cast
     (the same logits; outlier features no longer dominate the rounding). None:
     MLA_PLUGINS_FP8_ROTATE (default off: its measured cost, README) for a 192-wide query/key head.
-    fp8_outliers: in fp8, keep each (sequence, head)'s 8 largest features of q and k (by
-    amax|q_f| * amax|k_f|) out of the cast and add their product in bf16 (core/fp8.py; with
-    the rotation too, the rest is rotated). Kernels that cannot (flash_attn, aiter) are
+    fp8_outliers: in fp8, correct the fp8 rounding of each (sequence, head)'s 8 largest
+    features of q and k (by amax|q_f| * amax|k_f|): their products to ~8 significant bits,
+    by one more 32-deep fp8 product per key block (core/fp8.py; not with fp8_rotate=True,
+    and fp8_rotate=None then means no rotation). Kernels that cannot (flash_attn, aiter) are
     passed over by kernel="auto" and refuse it when pinned. None: MLA_PLUGINS_FP8_OUTLIERS
     (default off: its cost, README).
     """

@@ -41,22 +41,23 @@ the scale before it rotates (the per-(sequence, head) rule reads the sequence on
 scales and once to rotate and cast) and a large finite input cannot overflow it the way a
 sum of squares would. Measured (benchmarks/NOTES.md): no loss against the exact amax.
 
-Outlier features kept out of the cast (`fp8_outliers`, off by default): for each (sequence,
-head) the `OUTLIER_FEATURES` (8) features f of largest amax(|q_f|) * amax(|k_f|) over the
-sequence's q rows and k rows (`outlier_features`: float32 amaxes, NaN propagated; a NaN
-score counts as +inf; ties to the lower feature index) are zeroed in q and k before the rule
-above (rotated or not), so neither the block's scale nor its fp8 rounding sees them; their
-values go to 32-wide bf16 side tiles instead (`side_cast`): with u = x * (1 / scale) (the
-block's own scale, NaN -> 0, clamped to +-BF16_MAX) split as hi = bf16(u), lo = bf16(u - hi),
-a q row's side holds [hi, hi, lo, 0] and a k row's [hi, lo, hi, 0] (8 columns each, the
-selected features in ascending order), so that q_side k_side^T = sum_f qh kh + qh kl + ql kh:
-each outlier product to ~16 bits (what is left, ql kl, is 2^-18 of it), in one 32-deep bf16
-tensor-core product added into the scores in the fp8 product's units. A logit is then the
-fp8 product of the ordinary features plus a near-exact product of the few large ones: with
-the issue-22 recipe (five features x30) 0.027 against the rotation's 0.11
-(benchmarks/NOTES.md). The selection reads one sequence's rows only, so one request's
-values never change another's rounding; the logits, so the lse, are those of the inputs up
-to rounding.
+Outlier features corrected (`fp8_outliers`, off by default; not with the rotation, which
+mixes the features this corrects one by one): q, k and v go through the block rule above
+unchanged, and for each (sequence, head) the `OUTLIER_FEATURES` (8) features f of largest
+amax(|q_f|) * amax(|k_f|) over the sequence's q rows and k rows (`outlier_features`: float32
+amaxes, NaN propagated; a NaN score counts as +inf; ties to the lower feature index) get the
+products their fp8 rounding lost added back. With u = the value the cast rounds (`block_cast`:
+x * (1 / scale), NaN -> 0, clamped to +-max) split as h = fp8(u) (the fp8 byte itself) and
+l = fp8(u - h), the 32-wide fp8 side tiles hold (`side_cast`, 8 columns a group, the selected
+features in ascending order) q: [h, l, l, 0] and k: [l, h, l, 0], so that q_side k_side^T =
+sum_f qh kl + ql kh + ql kl, which the fp8 product's qh kh completes to (qh + ql)(kh + kl):
+each outlier product to ~8 significant bits instead of 4, in one more 32-deep fp8
+tensor-core step per key block, in the fp8 product's units (the same scales), accumulated
+with it. A logit is then the fp8 product plus the corrections of the few large features: with
+the issue-22 recipe (five features x30) 0.031 against the rotation's 0.11 and plain fp8's 0.37
+(benchmarks/NOTES.md). The selection reads one sequence's rows only, so one request's values
+never change another's rounding; the logits, so the lse, are those of the inputs up to
+rounding.
 """
 
 from __future__ import annotations
@@ -131,29 +132,33 @@ def l1_bound(x: torch.Tensor) -> torch.Tensor:
     return x.float().abs().sum(dim=-1).mul_(ROTATION_SCALE)
 
 
-#: features of each (sequence, head) kept out of the fp8 cast under `fp8_outliers`, and the
-#: width of the side tiles that carry them (three 8-column groups, padded to two 16-deep
-#: bf16 tensor-core steps)
+#: features of each (sequence, head) whose fp8 rounding `fp8_outliers` corrects, and the width
+#: of the side tiles that carry the corrections (three 8-column groups and one of zeros: one
+#: 32-deep fp8 tensor-core step)
 OUTLIER_FEATURES = 8
 OUTLIER_WIDTH = 32
-#: side values are clamped to the largest finite bf16 (an inf would make 0 * inf = NaN in a
-#: masked neighbour's product)
-BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 
 
-def rotation_applies(head_dim_qk: int, fp8_rotate: bool | None) -> bool:
+def rotation_applies(head_dim_qk: int, fp8_rotate: bool | None, outliers: bool = False) -> bool:
     """Whether q and k are rotated: `fp8_rotate` (None: MLA_PLUGINS_FP8_ROTATE, default off),
-    for the 192-wide head the rotation is defined for. An explicit True with another head
-    width raises ValueError naming the argument."""
+    for the 192-wide head the rotation is defined for, and never with `outliers` (fp8_outliers
+    corrects features one by one, which the rotation mixes). An explicit True with another
+    head width, or with `outliers`, raises ValueError naming the argument."""
     if fp8_rotate is None:
         from .settings import fp8_rotate_enabled
 
-        return head_dim_qk == ROTATION_DIM and fp8_rotate_enabled()
+        return head_dim_qk == ROTATION_DIM and not outliers and fp8_rotate_enabled()
     if fp8_rotate and head_dim_qk != ROTATION_DIM:
         raise ValueError(
             f"fp8_rotate: found True with query/key head dim {head_dim_qk}, expected head dim "
             f"{ROTATION_DIM} (the rotation is defined for 128 + 64 features); pass "
             "fp8_rotate=None or False"
+        )
+    if fp8_rotate and outliers:
+        raise ValueError(
+            "fp8_rotate: found True with fp8_outliers, expected one of the two (the outlier "
+            "corrections are per feature, and the rotation mixes the features); pass "
+            "fp8_rotate=None or False, or fp8_outliers=False"
         )
     return bool(fp8_rotate)
 
@@ -260,13 +265,16 @@ def block_fake_quantize_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, fp8_dtype, *,
 
     rotate_: q and k come back rotated (q R, k R: the same logits, the rotation's rounding).
     per_sequence: one scale per (sequence, head) (`head_quantize`'s rule) instead of blocks.
-    outliers: q and k come back [T, H, D + OUTLIER_WIDTH], the outlier features kept out of the cast
-    (`split_fake_quantize_qk`); v as without.
+    outliers: q and k come back [T, H, D + OUTLIER_WIDTH], the outlier features' corrections
+    beside them (`split_fake_quantize_qk`; not with rotate_); v as without.
     """
     qb, kb = (SEQUENCE_BLOCK, SEQUENCE_BLOCK) if per_sequence else (Q_BLOCK, KV_BLOCK)
     if outliers:
+        if rotate_:
+            raise ValueError("rotate_: found True with outliers, expected one of the two "
+                             "(rotation_applies)")
         qs, ks = split_fake_quantize_qk(q, k, cu_seqlens_q, cu_seqlens_k, fp8_dtype,
-                                        rotate_=rotate_, per_sequence=per_sequence)
+                                        per_sequence=per_sequence)
         return qs, ks, block_dequantize(*block_quantize(v, cu_seqlens_k, fp8_dtype, block=kb))
     return (block_dequantize(*block_quantize(q, cu_seqlens_q, fp8_dtype, block=qb, rotate_=rotate_)),
             block_dequantize(*block_quantize(k, cu_seqlens_k, fp8_dtype, block=kb, rotate_=rotate_)),
@@ -345,52 +353,48 @@ def _row_selection(features: torch.Tensor, cu_seqlens: Sequence[int], total: int
     return rows
 
 
-def side_cast(x: torch.Tensor, scale: torch.Tensor, operand: str,
-              dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """[T, H, OUTLIER_WIDTH] in `dtype` (bf16; fp16 where the Triton interpreter, which has
-    no bf16, runs the kernels): a row's selected features x [T, H, OUTLIER_FEATURES]
-    (ascending feature order) times 1 / its block's scale ([T, H], the correctly rounded
-    float32 reciprocal, as block_cast), NaN -> 0, clamped to +-BF16_MAX, as u = hi + lo;
-    `operand` "q": [hi, hi, lo, 0], "k": [hi, lo, hi, 0] (8 columns a group)."""
-    u = (x.float() * (1.0 / scale[..., None])).nan_to_num_(nan=0.0).clamp_(-BF16_MAX, BF16_MAX)
+def side_cast(u: torch.Tensor, operand: str, dtype: torch.dtype) -> torch.Tensor:
+    """[T, H, OUTLIER_WIDTH] in `dtype` (the fp8 format; fp16 where the Triton interpreter,
+    which has no fp8, runs the kernels): the selected features' values as the cast rounds
+    them, u [T, H, OUTLIER_FEATURES] (`block_cast`'s, ascending feature order), split as
+    h = dtype(u), l = dtype(u - h); `operand` "q": [h, l, l, 0], "k": [l, h, l, 0] (8 columns
+    a group). |u - h| is at most half a step of h, so l never overflows."""
     hi = u.to(dtype)
     lo = (u - hi.float()).to(dtype)
-    groups = {"q": (hi, hi, lo), "k": (hi, lo, hi)}[operand]
+    groups = {"q": (hi, lo, lo), "k": (lo, hi, lo)}[operand]
     return torch.cat([*groups, torch.zeros_like(hi)], dim=-1)
 
 
 def split_quantize(x: torch.Tensor, cu_seqlens: Sequence[int], features: torch.Tensor,
-                   fp8_dtype: torch.dtype, *, block: int, operand: str, rotate_: bool = False,
-                   side_dtype: torch.dtype = torch.bfloat16
+                   fp8_dtype: torch.dtype, *, block: int, operand: str,
+                   side_dtype: torch.dtype | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x_fp8 [T, H, D], scales float32 [T, H], side [T, H, OUTLIER_WIDTH]): the block rule
-    on x (q or k, `operand`) with its sequence's selected `features` zeroed (rotated with
-    `rotate_`), and those features' values in the side tile (`side_cast`), in the same
+    on x (q or k, `operand`), unchanged, and the corrections of its sequence's selected
+    `features` (`side_cast`, in `side_dtype`, the fp8 format by default), in the same
     block's units."""
-    sel = _row_selection(features, cu_seqlens, x.shape[0])
-    picked = torch.gather(x, 2, sel)
-    rest = x.scatter(2, sel, torch.zeros_like(picked))
-    x8, scale = block_quantize(rest, cu_seqlens, fp8_dtype, block=block, rotate_=rotate_)
-    return x8, scale, side_cast(picked, scale, operand, side_dtype)
+    scale = block_scales(x, cu_seqlens, fp8_dtype, block=block)
+    u = block_cast(x, scale, fp8_max(fp8_dtype))
+    picked = torch.gather(u, 2, _row_selection(features, cu_seqlens, x.shape[0]))
+    return u.to(fp8_dtype), scale, side_cast(picked, operand, side_dtype or fp8_dtype)
 
 
 def split_dequantize(x8: torch.Tensor, scale: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
-    """float32 [T, H, D + OUTLIER_WIDTH]: the dequantized fp8 part (rotated or not), then the
-    side tile dequantized. The logit of q' and k' so built, over all those columns, is the
-    fp8 product plus the side product, as a kernel adds them: the two parts need not share
-    a basis."""
+    """float32 [T, H, D + OUTLIER_WIDTH]: the dequantized fp8 part, then the side tile
+    dequantized by the same scale. The logit of q' and k' so built, over all those columns,
+    is the fp8 product plus the corrections, as a kernel adds them."""
     return torch.cat([block_dequantize(x8, scale), block_dequantize(side, scale)], dim=-1)
 
 
-def split_fake_quantize_qk(q, k, cu_seqlens_q, cu_seqlens_k, fp8_dtype, *, rotate_: bool = False,
+def split_fake_quantize_qk(q, k, cu_seqlens_q, cu_seqlens_k, fp8_dtype, *,
                            per_sequence: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (q', k') [T, H, D + OUTLIER_WIDTH] under `fp8_outliers` (split_dequantize's
-    layout): what the fp8 kernels compute q k^T from when the outlier features are kept out
-    of the cast."""
+    layout): what the fp8 kernels compute q k^T from when the outlier features' rounding is
+    corrected."""
     qb, kb = (SEQUENCE_BLOCK, SEQUENCE_BLOCK) if per_sequence else (Q_BLOCK, KV_BLOCK)
     features = outlier_features(q, k, cu_seqlens_q, cu_seqlens_k)
     res = []
     for x, cu, blk, operand in ((q, cu_seqlens_q, qb, "q"), (k, cu_seqlens_k, kb, "k")):
         res.append(split_dequantize(*split_quantize(x, cu, features, fp8_dtype, block=blk,
-                                                    operand=operand, rotate_=rotate_)))
+                                                    operand=operand)))
     return res[0], res[1]

@@ -217,7 +217,8 @@ class KernelRegistry:
                 from .fp8 import rotation_applies
 
                 rotate = (inputs.fp8_rotate if inputs.op == "prefill"
-                          else rotation_applies(inputs.head_dim_qk, None))
+                          else rotation_applies(inputs.head_dim_qk, None,
+                                                inputs.fp8 and getattr(inputs, "fp8_outliers", False)))
                 best = rank(table, *seqlens, inputs.num_heads, inputs.causal, variants, rotate)[0]
                 chosen, mode = self.get(best[0]), best[1]
         self._log_choice(inputs, chosen, rejected, mode)

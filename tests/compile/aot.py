@@ -121,7 +121,7 @@ def _recording(calls: list, tma: bool, permuted: bool):
                "quant_warps": lambda device, rotate, rotation=tq.ROTATION: tq.warps_for(
                    rocm, rotate, rotation)}
     patched = [(ta, "mla_prefill_kernel"), (tq, "_quant_qkv_kernel"), (tr, "_reduce_kernel"),
-               (tq, "_outlier_amax_kernel"), (tq, "_outlier_select_kernel"),
+               (tq, "_outlier_side_kernel"),
                (ga, "mla_prefill_gluon_kernel"), (th, "_head_bound_kernel"),
                (th, "_head_cast_kernel"), (th, "_gluon_cast_kernel"), (tk, "_can_tma"),
                (tq, "permuted_v"), (tq, "quant_warps"), (tq, "on_rocm")]
@@ -146,7 +146,7 @@ def record(arch: str, fp8: bool, config, *, layout: str = "packed", batch=BATCH,
     `config`, the reduce of a split plan), on CPU tensors shaped as on the device; `fill_gpu`: the
     SM count taken as 0, so that the dense rotation's q/k/v launch takes ROTATED_QKV_BLOCKS, as
     a batch that fills the GPU does (`triton_quant.rotated_qkv_blocks`); `outliers`: fp8 with
-    the outlier features kept out (the selection's two launches, the side tiles);
+    the outlier features' corrections (the quantization's maxima, the side tiles' launch);
     `gluon_outliers`: triton_kernel.GLUON_OUTLIERS on for the call (the Gluon kernel takes
     them)"""
     from mla_plugins.core.api import plan_prefill
@@ -253,8 +253,8 @@ def _name(fn, kwargs, config=None, tma=False) -> str:
         return (f"attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"w{c['num_warps']} s{c['num_stages']}" + (" tma" if c["USE_TMA"] else "")
                 + (" outliers" if c.get("OUTLIERS") else ""))
-    if fn.__name__ in ("_outlier_amax_kernel", "_outlier_select_kernel"):
-        return f"outliers {fn.__name__.split('_')[2]} w{c['num_warps']}"
+    if fn.__name__ == "_outlier_side_kernel":
+        return f"outliers side w{c['num_warps']}"
     if fn.__name__ == "mla_prefill_gluon_kernel":
         return (f"gluon attention {'fp8' if c['FP8'] else 'bf16'} {c['BLOCK_M']}x{c['BLOCK_N']} "
                 f"s{c['NUM_STAGES']} ws"
@@ -285,16 +285,15 @@ def scenarios(arch: str) -> list[dict]:
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True),
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, fill_gpu=True),
                 dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, rotation="kron"),
-                # the outlier features kept out (fp8_outliers), plain and rotated
+                # the outlier features' corrections (fp8_outliers; not with the rotation)
                 dict(fp8=True, config=tk.FP8_CONFIG, outliers=True, split=True),
-                dict(fp8=True, config=tk.FP8_CONFIG, rotate=True, outliers=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, split=True),
                 dict(fp8=False, config=tk.BF16_CONFIG, layout="vllm"),
                 # Ampere / Ada, or a layout TMA cannot take: pointer loads
                 dict(fp8=False, config=replace(tk.BF16_CONFIG, use_tma=False), tma=False),
                 # the Gluon kernel, and what a TileConfig can ask of it (prefill.py --variants)
                 dict(fp8=True, config=g), dict(fp8=True, config=replace(g, num_stages=3)),
-                # the Gluon kernel's side product (fp8_outliers, GLUON_OUTLIERS)
+                # the Gluon kernel's corrections product (fp8_outliers, GLUON_OUTLIERS)
                 dict(fp8=True, config=g, outliers=True, gluon_outliers=True),
                 dict(fp8=True, config=replace(g, pingpong=True)),
                 dict(fp8=True, config=tk.GLUON_FP8_PERSISTENT_CONFIG),

@@ -1,6 +1,6 @@
-"""fp8_outliers on the GPU (core/fp8.py, issue 22): the Triton provider's selection, its
-quantization's zeroing and side tiles (bit for bit against the rule, in real fp8), the
-portable and the Gluon kernel's side product against float64 and against the torch kernel,
+"""fp8_outliers on the GPU (core/fp8.py, issue 22): the Triton provider's selection and
+side tiles (bit for bit against the rule, in real fp8), the portable and the Gluon kernel's
+side product against float64 and against the torch kernel,
 and CUDA-graph capture (isolation of a sequence's inf, NaN and 1e30: tests/gpu/test_triton.py's
 test_fp8_bad_values_stay_in_their_sequence, mode "outliers")."""
 
@@ -45,17 +45,17 @@ def phase1(request, monkeypatch, device):
     return request.param
 
 
-def _run(q, k, v, cq, ck, *, outliers=True, plan=None, rotate=False, kernel="triton"):
+def _run(q, k, v, cq, ck, *, outliers=True, plan=None, kernel="triton"):
     out = poisoned((q.shape[0], q.shape[1], v.shape[2]), q.dtype, q.device)
     _, lse = mla_plugins.mla_prefill(q, k, v, cq, ck, fp8=True, out=out, return_lse=True, plan=plan,
-                                     kernel=kernel, fp8_outliers=outliers, fp8_rotate=rotate)
+                                     kernel=kernel, fp8_outliers=outliers)
     return out, lse
 
 
-@pytest.mark.parametrize("rotate", [False, True], ids=["plain", "rotated"])
-def test_quantization_is_the_rule(rotate, device):
-    """Selection, fp8 values (as bytes), scales and side tiles of quantize_qkv(outliers=...)
-    equal core/fp8.py's statement (dense rotation: within a float32 sum's rounding)."""
+def test_quantization_is_the_rule(device):
+    """quantize_qkv(outliers=...) then write_outlier_sides: q8 and k8 (as bytes) and their
+    scales as without the outliers, the selection and the side tiles equal to core/fp8.py's
+    statement, in real fp8."""
     from mla_plugins.core.kernels import triton_quant as tq
 
     lens_q, lens_k = [300, 0, 520, 200], [700, 40, 520, 333]
@@ -63,28 +63,20 @@ def test_quantization_is_the_rule(rotate, device):
     scale_outliers(q, k, 20.0)
     k[ck[2].item() + 5, 1, 9] = float("nan")
     batch = len(lens_q)
-    bufs = tq.outlier_buffers(q, k, cq, ck, batch, max(lens_q), max(lens_k))
+    bufs = tq.outlier_buffers(q, k, batch, F8)
+    q8, qs, k8, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, max(lens_q), max(lens_k), F8,
+                                            outliers=bufs[0])
+    sides = tq.write_outlier_sides(q, k, qs, scales, bufs, cq, ck, batch, max(lens_q),
+                                   max(lens_k), fp8.fp8_max(F8))
     feats = fp8.outlier_features(q.cpu(), k.cpu(), cq.tolist(), ck.tolist())
-    assert torch.equal(bufs[0].long().cpu(), feats)
-    q8, qs, k8, _, _ = tq.quantize_qkv(q, k, v, cq, ck, batch, max(lens_q), max(lens_k), F8,
-                                       rotate=rotate, rotation="dense", outliers=bufs)
-    for x, x8, side, cu, block, op in ((q, q8, bufs[1], cq.tolist(), fp8.Q_BLOCK, "q"),
-                                       (k, k8, bufs[2], ck.tolist(), fp8.KV_BLOCK, "k")):
-        w8, ws, wside = fp8.split_quantize(x.cpu(), cu, feats, F8, block=block, operand=op,
-                                           rotate_=rotate)
-        if rotate:  # float32 l1 sums in another order: a scale an ulp apart now and then
-            same = (x8.cpu().view(torch.uint8) == w8.view(torch.uint8)).float().mean().item()
-            assert same > 0.99, same
-            hi = slice(0, 8)
-            torch.testing.assert_close(side[..., hi].cpu().float(), wside[..., hi].float(),
-                                       rtol=2**-7, atol=0)
-        else:
-            assert torch.equal(x8.cpu().view(torch.uint8), w8.view(torch.uint8))
-            assert torch.equal(side.cpu(), wside)
-    torch.testing.assert_close(qs.cpu(), fp8.split_quantize(q.cpu(), cq.tolist(), feats, F8,
-                                                            block=fp8.Q_BLOCK, operand="q",
-                                                            rotate_=rotate)[1],
-                               rtol=1e-6 if rotate else 0, atol=0, equal_nan=True)
+    assert torch.equal(bufs[1].long().cpu(), feats)
+    for x, x8, side, cu, block, op in ((q, q8, sides[0], cq.tolist(), fp8.Q_BLOCK, "q"),
+                                       (k, k8, sides[1], ck.tolist(), fp8.KV_BLOCK, "k")):
+        w8, ws, wside = fp8.split_quantize(x.cpu(), cu, feats, F8, block=block, operand=op)
+        assert torch.equal(x8.cpu().view(torch.uint8), w8.view(torch.uint8))
+        assert torch.equal(side.cpu().view(torch.uint8), wside.view(torch.uint8))
+        if x is q:
+            torch.testing.assert_close(qs.cpu(), ws, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("case", list(LENGTH_CASES))

@@ -453,9 +453,9 @@ def test_bf16_bad_values_stay_in_their_sequence(bad, device):
 @pytest.mark.parametrize("split", [False, True])
 def test_fp8_bad_values_stay_in_their_sequence(split, mode, phase1, device):
     """inf, NaN and 1e30 in one sequence: every other sequence equals its result alone; under
-    the block rule (`amax`), rotated, and with the outlier features kept out (fp8_outliers:
-    the selection reads one sequence's rows; under the portable and the default Gluon
-    configuration, the two stop 45 ran it in)."""
+    the block rule (`amax`), rotated, and with the outlier features corrected (fp8_outliers:
+    the selection reads one sequence's maxima; under the portable and the default Gluon
+    configuration)."""
     from mla_plugins.core.kernels import triton_kernel as tk
 
     if mode == "outliers" and phase1 not in ("portable", "gluon"):

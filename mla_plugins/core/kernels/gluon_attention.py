@@ -208,23 +208,19 @@ if gluon is not None:
             return gl.convert_layout(p.to(KV_DTYPE), p_layout)
 
     @gluon.jit
-    def _side_scores(q_s_smem, ks_bufs, st, zero_s, zero_side, s_layout: gl.constexpr,
-                     OUTLIERS: gl.constexpr):
-        """The scores' starting value for a key block: OUTLIERS, the side product q_side
-        k_side^T of stage `st` (bf16, [64, 32] x [32, keys]), completed here and moved to the
-        fp8 products' accumulator layout (the same registers: the layouts differ only in the
-        instruction's k); else `zero_s` (not read: the fp8 product starts from nothing).
-
-        Completed, not left in flight: Gluon 3.6 has one instruction shape per accumulator
-        layout, and the fp8 product (k 32) cannot accumulate onto a bf16 one's (k 16) still in
-        flight. Nothing else is in flight when a block starts (its previous P @ V has been
-        waited for), so the wait costs this small product's latency alone."""
+    def _scores(q_n_smem, q_r_smem, q_s_smem, kn_bufs, kr_bufs, ks_bufs, st, zero_s,
+                OUTLIERS: gl.constexpr):
+        """q k^T of stage `st`, issued (async) as the nope and rope products chained in one
+        accumulator; OUTLIERS (fp8): a third 32-deep fp8 product chained after them, the q
+        side tile [64, 32] times the stage's k side tile (core/fp8.py's corrections, in the
+        same units). Returns the token to wait for."""
+        s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
         if OUTLIERS:
-            side = warpgroup_mma(q_s_smem, ks_bufs.index(st).permute((1, 0)), zero_side,
-                                 use_acc=False)
-            return gl.convert_layout(side, s_layout)
-        else:
-            return zero_s
+            s_tok = warpgroup_mma(q_s_smem, ks_bufs.index(st).permute((1, 0)), s_tok,
+                                  is_async=True)
+        return s_tok
 
     @gluon.jit
     def _zero_tail(v_buf, valid, BLOCK_N: gl.constexpr):
@@ -393,10 +389,9 @@ if gluon is not None:
         P @ V; else one `ready` covers the stage and it is released after its P @ V (`vempty`
         is then `empty` itself).
 
-        OUTLIERS (fp8 with Q_TMA; core/fp8.py's fp8_outliers): a third product per key block,
-        the q side tile [64, 32] (`q_s_smem`, by the producer's TMA with q) times the stage's
-        k side tile [keys, 32] (`ks_bufs`), bf16, whose result the two fp8 products then
-        accumulate into (`_side_scores`).
+        OUTLIERS (fp8 with Q_TMA; core/fp8.py's fp8_outliers): a third fp8 product per key
+        block, the q side tile [64, 32] (`q_s_smem`, by the producer's TMA with q) times the
+        stage's k side tile [keys, 32] (`ks_bufs`), chained after the two others (`_scores`).
         """
         # wgmma's k per instruction: 32 bytes of the operand type (fp8 32, 16-bit 16)
         K_INSTR: gl.constexpr = 32 if FP8 else 16
@@ -455,10 +450,6 @@ if gluon is not None:
         l_i = gl.zeros([HALF_G], gl.float32, row_s)
         acc = gl.zeros([HALF_G, DV_G], gl.float32, o_layout)
         zero_s = gl.zeros([HALF_G, BLOCK_N], gl.float32, s_layout)
-        # OUTLIERS: the side product's accumulator, k 16 a bf16 instruction (`_side_scores`)
-        side_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        zero_side = gl.zeros([HALF_G, BLOCK_N], gl.float32, side_layout)
         # P of the block before, the A operand of its P @ V, issued with the next block's
         # q k^T: carried in float32 and cast to fp8 just before (the cast's F2FP writes the
         # operand registers). Carried as fp8, Triton holds it a byte per register and repacks
@@ -481,11 +472,8 @@ if gluon is not None:
             if PINGPONG:
                 # group 0's first wait passes on a fresh barrier (phase parity 1)
                 mbarrier.wait(turn.index(WG), (it0 + 1 - WG) & 1)
-            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)),
-                                  _side_scores(q_s_smem, ks_bufs, st, zero_s, zero_side, s_layout,
-                                               OUTLIERS),
-                                  use_acc=OUTLIERS, is_async=True)
-            s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
+            s_tok = _scores(q_n_smem, q_r_smem, q_s_smem, kn_bufs, kr_bufs, ks_bufs, st, zero_s,
+                            OUTLIERS)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - WG), count=1)
             if FP8:
@@ -521,11 +509,8 @@ if gluon is not None:
             mbarrier.wait(ready.index(st), (it // NUM_STAGES) & 1)
             if PINGPONG:
                 mbarrier.wait(turn.index(WG), (it + 1 - WG) & 1)
-            s_tok = warpgroup_mma(q_n_smem, kn_bufs.index(st).permute((1, 0)),
-                                  _side_scores(q_s_smem, ks_bufs, st, zero_s, zero_side, s_layout,
-                                               OUTLIERS),
-                                  use_acc=OUTLIERS, is_async=True)
-            s_tok = warpgroup_mma(q_r_smem, kr_bufs.index(st).permute((1, 0)), s_tok, is_async=True)
+            s_tok = _scores(q_n_smem, q_r_smem, q_s_smem, kn_bufs, kr_bufs, ks_bufs, st, zero_s,
+                            OUTLIERS)
             prev = (it - 1) % NUM_STAGES
             if SPLIT_KV:
                 mbarrier.wait(vready.index(prev), ((it - 1) // NUM_STAGES) & 1)
@@ -775,7 +760,7 @@ if gluon is not None:
         QN/QR: descriptors of the same q as [Tq, span] with [64, 128] and [64, 64] boxes (head
         h at column h * sq_h), read by the producer when Q_TMA (else Q's pointer loads).
         OUTLIERS (fp8 with Q_TMA): QS/KS descriptors of the side tiles of
-        `triton_quant.quantize_qkv(..., outliers=...)` as [T, H * 32] bf16 with [64, 32] and
+        `triton_quant.write_outlier_sides` as [T, H * 32] fp8 with [64, 32] and
         [BLOCK_N, 32] boxes (head h at column h * 32); unread otherwise (any descriptor).
         Host guarantees (triton_kernel.run_prefill): BLOCK_M = 128, BLOCK_N = 128 in fp8 (64 or
         128 in 16-bit); in fp8, tiles start at multiples of 64 rows and work items at
@@ -791,8 +776,8 @@ if gluon is not None:
         kr_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, ROPE_G], KR.layout)
         if OUTLIERS:  # the side tiles: q's per consumer group, k's per stage
             gl.static_assert(FP8 and Q_TMA)
-            q_s = gl.allocate_shared_memory(gl.bfloat16, [2, HALF_G, SIDE_G], QS.layout)
-            ks_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES, BLOCK_N, SIDE_G], KS.layout)
+            q_s = gl.allocate_shared_memory(KV_DTYPE, [2, HALF_G, SIDE_G], QS.layout)
+            ks_bufs = gl.allocate_shared_memory(KV_DTYPE, [NUM_STAGES, BLOCK_N, SIDE_G], KS.layout)
         else:  # passed along, never read
             q_s = q_n
             ks_bufs = kn_bufs

@@ -131,9 +131,9 @@ if triton is not None:
         block's are 8 entries on (a scale row has one entry per 16 columns). `vshift` moves a key
         row to its column of the transposed fp8 v (triton_quant). V_PERM: that copy holds
         its keys in `triton_quant.key_of_column` order, and P takes the same order.
-        OUTLIERS (fp8, core/fp8.py's fp8_outliers): the block's side tile [BLOCK_N, 32] (bf16,
-        in the fp8 product's units) times q's, `q_side`, added to the scores after the two
-        fp8 products (a 32-deep 16-bit product: two wgmma steps on Hopper).
+        OUTLIERS (fp8, core/fp8.py's fp8_outliers): the block's side tile [BLOCK_N, 32] (fp8,
+        the corrections in the fp8 product's units) times q's, `q_side`, accumulated onto the
+        scores after the two fp8 products (one more 32-deep fp8 step).
         """
         p_ty = q_nope.dtype
         for i in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
@@ -210,7 +210,7 @@ if triton is not None:
         the slice's first row m0 holds its block's scale); key blocks step from
         `kv_start` (a multiple of 128 keys, the k/v scale block, from the sequence start)
         by BLOCK_N dividing 128. OUTLIERS: QSide [Tq, H, 32] and KSide [Tk, H, 32] (row stride
-        side_t) the side tiles of `triton_quant.quantize_qkv(..., outliers=...)`.
+        side_t) the side tiles of `triton_quant.write_outlier_sides`, in q8's dtype.
         """
         pid = tl.program_id(0)
         item = pid // num_sub

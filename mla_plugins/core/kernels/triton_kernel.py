@@ -173,11 +173,11 @@ def gluon_reasons(device: torch.device) -> list[str]:
 #: kernel, same run; at ~1090 (B1-S2048-H8, split) 383 TFLOP/s (stop 41's variants) against
 #: the portable kernel's 314 (stop 42's final run, FA3 FP8 within 2% in both)
 GLUON_MIN_MEAN_KEYS = 1024
-#: fp8_outliers in the Gluon kernel (its third, bf16 product per key block, the side tiles by
-#: TMA beside k and q) where it takes the batch; off, the portable kernel takes every such
-#: batch. Measured on an H100 (stop 45, benchmarks/outlier_cost.py): fp8_outliers end to end
-#: +22-54% over plain fp8 at the four large shapes with it, +70-81% without; errors 0.030
-#: and 0.029 (tests/gpu/test_fp8_outliers_gpu.py runs both)
+#: fp8_outliers in the Gluon kernel (the corrections' 32-deep fp8 product per key block,
+#: chained with the two fp8 ones; the side tiles by TMA beside k and q) where it takes the
+#: batch; off, the portable kernel takes every such batch. Stop 45 measured the earlier bf16
+#: form of the side product (benchmarks/NOTES.md): +22-54% over plain fp8 end to end at the
+#: four large shapes with it, +70-81% without (tests/gpu/test_fp8_outliers_gpu.py runs both)
 GLUON_OUTLIERS = True
 #: where batches of several sequences take the persistent form (GLUON_FP8_PERSISTENT_CONFIG):
 #: nowhere (one CTA per unit ran 6-8% faster at the shapes that took it, stop 42)
@@ -427,7 +427,7 @@ def _launch_gluon(inputs, plan, out, lse, partial_out, partial_lse, config, q, q
     qnd = TensorDescriptor(q, [q.shape[0], q_span], [q.stride(0), 1], [64, tq.NOPE], qn_l)
     qrd = TensorDescriptor(q, [q.shape[0], q_span], [q.stride(0), 1], [64, tq.ROPE], qr_l)
     if sides is not None:
-        side_l = _gluon_side_layout()
+        side_l = _gluon_side_layout(kv_dtype)
         qsd, ksd = (TensorDescriptor(t, [t.shape[0], heads * t.shape[2]], [heads * t.shape[2], 1],
                                      [rows, t.shape[2]], side_l)
                     for t, rows in zip(sides, (64, bn), strict=True))
@@ -487,12 +487,12 @@ def _gluon_q_layouts(kv_dtype):
 
 
 @functools.cache
-def _gluon_side_layout():
-    """Shared-memory layout of fp8_outliers' side tiles (bf16 rows of 32: 64 bytes), the q
+def _gluon_side_layout(kv_dtype):
+    """Shared-memory layout of fp8_outliers' side tiles (fp8 rows of 32: 32 bytes), the q
     side's [64, 32] and the k side's [keys, 32] boxes alike."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for([64, 32], gl.bfloat16)
+    return gl.NVMMASharedLayout.get_default_for([64, 32], kv_dtype)
 
 
 @functools.cache
@@ -771,34 +771,32 @@ class TritonKernel(Kernel):
 def quantize(inputs: PrefillInputs, plan: PrefillPlan, out: tuple[torch.Tensor, ...] | None = None
              ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, torch.Tensor] | None]:
     """(quantize_qkv's five tensors, (q_side, k_side) with `inputs.fp8_outliers`, else None):
-    the fp8 quantization of a call (rotated as `inputs.fp8_rotate` says; the outliers'
-    selection first, its side tiles allocated here), into `out` (the workspace's buffers)
-    or new tensors."""
+    the fp8 quantization of a call (rotated as `inputs.fp8_rotate` says; with the outliers,
+    a second launch writes their corrections from the maxima the first published, into
+    scratch allocated here), into `out` (the workspace's buffers) or new tensors."""
     from . import triton_quant as tq
 
-    outliers = None
-    if inputs.fp8_outliers:
-        outliers = tq.outlier_buffers(inputs.q, inputs.k, plan.cu_seqlens_q, plan.cu_seqlens_k,
-                                      plan.batch_size, plan.max_seqlen_q, plan.max_seqlen_k,
-                                      _side_dtype())
+    storage = _storage_dtype(inputs.fp8_dtype)
+    limit = float(torch.finfo(inputs.fp8_dtype).max)
+    buffers = (tq.outlier_buffers(inputs.q, inputs.k, plan.batch_size, storage)
+               if inputs.fp8_outliers else None)
     quantized = tq.quantize_qkv(
         inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
-        plan.max_seqlen_q, plan.max_seqlen_k, _storage_dtype(inputs.fp8_dtype),
-        float(torch.finfo(inputs.fp8_dtype).max), out=out, rotate=inputs.fp8_rotate,
-        sms=default_num_workers(inputs.q.device), outliers=outliers)
-    return quantized, None if outliers is None else outliers[1:]
+        plan.max_seqlen_q, plan.max_seqlen_k, storage, limit, out=out, rotate=inputs.fp8_rotate,
+        sms=default_num_workers(inputs.q.device),
+        outliers=None if buffers is None else buffers[0])
+    if buffers is None:
+        return quantized, None
+    sides = tq.write_outlier_sides(inputs.q, inputs.k, quantized[1], quantized[4], buffers,
+                                   plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
+                                   plan.max_seqlen_q, plan.max_seqlen_k, limit)
+    return quantized, sides
 
 
 def _storage_dtype(fp8_dtype: torch.dtype) -> torch.dtype:
     """What the fp8 copies are stored in: the fp8 format, or what tests set for the interpreter."""
     storage = globals().get("_FP8_STORAGE")
     return storage if storage is not None and _interpreting() else fp8_dtype
-
-
-def _side_dtype() -> torch.dtype:
-    """fp8_outliers' side tiles: bf16 (core/fp8.py); fp16 under the interpreter, which has no
-    bf16 (the tests compare with side_cast in fp16 there)."""
-    return torch.float16 if _interpreting() else torch.bfloat16
 
 
 @functools.cache

@@ -79,7 +79,6 @@ from __future__ import annotations
 import torch
 
 from ..fp8 import (
-    BF16_MAX,
     KV_BLOCK,
     OUTLIER_FEATURES,
     OUTLIER_WIDTH,
@@ -146,15 +145,13 @@ ROTATION = "dense"
 #: rows (2 CTAs per SM), 80 / 64 at 32 rows, 77 / 64 at 64
 KRON_ROWS = 16
 KRON_ROWS_ALLOWED = (16, 32, 64)
-#: rows of q and of k one program of the outlier selection's first pass holds at once per
-#: head, and the rows it covers in turn (OUTLIER_SPAN, a multiple: the second pass then
-#: merges span / chunk times fewer partial maxima), and the second pass's warps. 64 / 64 / 4
-#: is what stop 45 measured (benchmarks/NOTES.md: the second pass's serial merge and its
-#: 8 rounds of cross-warp reductions are suspected of most of the small shapes' cost);
-#: 512 and 1 warp are the prepared alternative (outlier_cost.py's "outliers_span512_w1")
+#: fp8_outliers' second launch (`write_outlier_sides`): rows of q and of k one program
+#: writes the corrections of (after the selection of its (sequence, head), which every
+#: program does again from the 2 x 192 maxima: a few microseconds, no launch between), in
+#: blocks of OUTLIER_CHUNK rows; and its warps
+OUTLIER_ROWS = 256
 OUTLIER_CHUNK = 64
-OUTLIER_SPAN = 64
-OUTLIER_SELECT_WARPS = 4
+OUTLIER_WARPS = 4
 
 assert NOPE + ROPE == ROTATION_DIM
 
@@ -168,7 +165,6 @@ if triton is not None:
     ROTATION_SCALE_C = tl.constexpr(ROTATION_SCALE)
     OUTLIERS_C = tl.constexpr(OUTLIER_FEATURES)
     SIDE_C = tl.constexpr(OUTLIER_WIDTH)
-    BF16_MAX_C = tl.constexpr(BF16_MAX)
 
     @triton.jit
     def max_nan(a, b):
@@ -422,107 +418,26 @@ if triton is not None:
         tl.store(dst + NOPE_C + off + tl.arange(0, ROPE_C)[None, :], yr, mask=ok)
 
     @triton.jit
-    def kept_features(Sel, b, h, heads, OUTLIERS: tl.constexpr):
-        """fp8_outliers (core/fp8.py): (sel [8] int32, keep_n [1, 128], keep_r [1, 64]) of
-        sequence b, head h: its selected features and the masks of the others; zeros
-        without OUTLIERS (not read)."""
+    def publish_amax(xn, xr, AMax, OUTLIERS: tl.constexpr):
+        """fp8_outliers: each feature's largest `abs_bits` over the rows (nope [rows, 128],
+        rope [rows, 64]; masked rows loaded as zeros) merged into AMax [192] (int32, an atomic
+        max: NaN's bits above inf's, so NaN propagates) for the selection."""
         if OUTLIERS:
-            sel = tl.load(Sel + (b * heads + h) * OUTLIERS_C + tl.arange(0, OUTLIERS_C))
-            hit_n = tl.sum((tl.arange(0, NOPE_C)[None, :] == sel[:, None]).to(tl.int32), 0)
-            hit_r = tl.sum(((tl.arange(0, ROPE_C) + NOPE_C)[None, :] == sel[:, None]).to(tl.int32), 0)
-            keep_n = (hit_n == 0)[None, :]
-            keep_r = (hit_r == 0)[None, :]
-        else:
-            sel, keep_n, keep_r = 0, 0, 0
-        return sel, keep_n, keep_r
+            tl.atomic_max(AMax + tl.arange(0, NOPE_C), tl.reduce(abs_bits(xn), 0, _imax).to(tl.int32),
+                          sem="relaxed")
+            tl.atomic_max(AMax + NOPE_C + tl.arange(0, ROPE_C),
+                          tl.reduce(abs_bits(xr), 0, _imax).to(tl.int32), sem="relaxed")
 
     @triton.jit
-    def drop(xn, xr, keep_n, keep_r, OUTLIERS: tl.constexpr):
-        """Rows (nope, rope) with the selected features zeroed (OUTLIERS), else as they are."""
-        if OUTLIERS:
-            xn = tl.where(keep_n, xn, tl.zeros_like(xn))
-            xr = tl.where(keep_r, xr, tl.zeros_like(xr))
-        return xn, xr
-
-    @triton.jit
-    def write_side(src, s_t, n_rows, sel, s, dst, dst_t, ROWS: tl.constexpr, Q_SIDE: tl.constexpr):
-        """core/fp8.py's side_cast for rows [0, ROWS) of one head of q (Q_SIDE) or k (those
-        below n_rows) at src (token stride s_t): u = the selected features `sel` times 1 / s
-        (the block's scale), NaN -> 0, clamped to +-BF16_MAX, split as hi + lo in dst's
-        dtype, stored at dst (row stride dst_t) as [ROWS, 32]: q [hi, hi, lo, 0], k [hi, lo,
-        hi, 0], 8 columns a group."""
-        t = tl.arange(0, ROWS)
-        c = tl.arange(0, SIDE_C)
-        group = c // OUTLIERS_C
-        feat = tl.sum(tl.where((c % OUTLIERS_C)[:, None] == tl.arange(0, OUTLIERS_C)[None, :],
-                               sel[None, :], 0), 1)
-        ok = (t < n_rows)[:, None]
-        x = tl.load(src + t[:, None] * s_t + feat[None, :], mask=ok & (group < 3)[None, :],
-                    other=0.0)
-        u = x.to(tl.float32) * reciprocal(s)
-        u = tl.clamp(tl.where(u != u, 0.0, u), -BF16_MAX_C, BF16_MAX_C)
-        side_ty: tl.constexpr = dst.dtype.element_ty
-        hi = u.to(side_ty)
-        lo = (u - hi.to(tl.float32)).to(side_ty)
-        LO_GROUP: tl.constexpr = 2 if Q_SIDE else 1
-        tl.store(dst + t[:, None] * dst_t + c[None, :], tl.where((group == LO_GROUP)[None, :], lo, hi),
-                 mask=ok)
-
-    @triton.jit
-    def _feature_amax(src, r0, r1, c, s_t, s_h, h, dst, CHUNK: tl.constexpr, SPAN: tl.constexpr):
-        """Rows [c * SPAN, (c + 1) * SPAN) of one head of a sequence's q or k (rows r0 ... r1
-        of src), CHUNK at a time: each feature's largest `abs_bits` (int16: NaN above inf, so
-        an integer max propagates it) at dst [192]; rows past r1 count as zeros."""
-        t = tl.arange(0, CHUNK)
-        m_n = tl.zeros([NOPE_C], dtype=tl.int16)
-        m_r = tl.zeros([ROPE_C], dtype=tl.int16)
-        for i in tl.range(0, SPAN // CHUNK):
-            first = r0 + c * SPAN + i * CHUNK
-            ok = (t < r1 - first)[:, None]
-            xn, xr = load_rows(src + h.to(tl.int64) * s_h + first.to(tl.int64) * s_t,
-                               t[:, None] * s_t, ok)
-            m_n = tl.maximum(m_n, tl.reduce(abs_bits(xn), 0, _imax))
-            m_r = tl.maximum(m_r, tl.reduce(abs_bits(xr), 0, _imax))
-        tl.store(dst + tl.arange(0, NOPE_C), m_n)
-        tl.store(dst + NOPE_C + tl.arange(0, ROPE_C), m_r)
-
-    @triton.jit
-    def _outlier_amax_kernel(Q, K, AMax, CuQ, CuK, sq_t, sq_h, sk_t, sk_h, heads,
-                             CHUNK: tl.constexpr, SPAN: tl.constexpr):
-        """Grid (spans of SPAN rows of the longest sequence, sequences, heads): the
-        per-feature amax bits of span c of sequence b's q rows and of its k rows, head h, at
-        AMax[c, b, h, 0 (q) / 1 (k), :192] (`_feature_amax`); a span past both of the
-        sequence's lengths writes nothing (`_outlier_select_kernel` reads only its own)."""
-        c = tl.program_id(0)
-        b = tl.program_id(1)
-        h = tl.program_id(2)
-        q0 = tl.load(CuQ + b)
-        q1 = tl.load(CuQ + b + 1)
-        k0 = tl.load(CuK + b)
-        k1 = tl.load(CuK + b + 1)
-        if c * SPAN < tl.maximum(q1 - q0, k1 - k0):
-            dst = AMax + (((c * tl.num_programs(1) + b) * heads + h) * 2).to(tl.int64) * (NOPE_C + ROPE_C)
-            _feature_amax(Q, q0, q1, c, sq_t, sq_h, h, dst, CHUNK, SPAN)
-            _feature_amax(K, k0, k1, c, sk_t, sk_h, h, dst + NOPE_C + ROPE_C, CHUNK, SPAN)
-
-    @triton.jit
-    def _outlier_select_kernel(Q, AMax, Sel, CuQ, CuK, heads, SPAN: tl.constexpr):
-        """Grid (sequences, heads): core/fp8.py's `outlier_features` from the spans' amax bits
-        (`_outlier_amax_kernel`): score_f = amax|q_f| * amax|k_f| in float32 (NaN -> +inf),
-        the 8 largest taken one at a time (ties to the lower feature), stored at Sel[b, h]
-        in ascending feature order."""
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        n = tl.maximum(tl.load(CuQ + b + 1) - tl.load(CuQ + b), tl.load(CuK + b + 1) - tl.load(CuK + b))
+    def select_features(AMax, in_ty: tl.constexpr):
+        """core/fp8.py's `outlier_features` of one (sequence, head) from its maxima AMax
+        [2, 192] (q's, then k's; `publish_amax`): score_f = amax|q_f| * amax|k_f| in float32
+        (NaN -> +inf), the 8 largest taken one at a time (ties to the lower feature): (sel
+        [8] int32 in ascending feature order, f [256], chosen [256])."""
         f = tl.arange(0, 256)
         real = f < NOPE_C + ROPE_C
-        aq = tl.zeros([256], dtype=tl.int16)
-        ak = tl.zeros([256], dtype=tl.int16)
-        for c in tl.range(0, tl.cdiv(n, SPAN)):
-            src = AMax + (((c * tl.num_programs(0) + b) * heads + h) * 2).to(tl.int64) * (NOPE_C + ROPE_C)
-            aq = tl.maximum(aq, tl.load(src + f, mask=real, other=0))
-            ak = tl.maximum(ak, tl.load(src + NOPE_C + ROPE_C + f, mask=real, other=0))
-        in_ty = Q.dtype.element_ty
+        aq = tl.load(AMax + f, mask=real, other=0).to(tl.int16)
+        ak = tl.load(AMax + NOPE_C + ROPE_C + f, mask=real, other=0).to(tl.int16)
         score = aq.to(in_ty, bitcast=True).to(tl.float32) * ak.to(in_ty, bitcast=True).to(tl.float32)
         score = tl.where(score != score, float("inf"), score)
         score = tl.where(real, score, -1.0)
@@ -533,18 +448,83 @@ if triton is not None:
             chosen = chosen | (f == idx)
             score = tl.where(f == idx, -2.0, score)
         rank = tl.cumsum(chosen.to(tl.int32), 0) - 1
-        tl.store(Sel + (b * heads + h) * OUTLIERS_C + rank, f, mask=chosen)
+        g = tl.arange(0, OUTLIERS_C)
+        sel = tl.sum(tl.where((rank[None, :] == g[:, None]) & chosen[None, :], f[None, :], 0), 1)
+        return sel
+
+    @triton.jit
+    def write_side(src, s_t, n_rows, sel, scale, dst, dst_t, FP8_MAX: tl.constexpr,
+                   ROWS: tl.constexpr, Q_SIDE: tl.constexpr):
+        """core/fp8.py's side_cast for rows [0, ROWS) of one head of q (Q_SIDE) or k (those
+        below n_rows) at src (token stride s_t), each with its block's scale `scale` [ROWS]:
+        u = the selected features `sel` times 1 / scale, NaN -> 0, clamped (the values the
+        cast rounds, bit for bit), h = fp8(u), l = fp8(u - h), stored at dst (row stride
+        dst_t) as [ROWS, 32]: q [h, l, l, 0], k [l, h, l, 0], 8 columns a group."""
+        t = tl.arange(0, ROWS)
+        c = tl.arange(0, SIDE_C)
+        group = c // OUTLIERS_C
+        feat = tl.sum(tl.where((c % OUTLIERS_C)[:, None] == tl.arange(0, OUTLIERS_C)[None, :],
+                               sel[None, :], 0), 1)
+        ok = (t < n_rows)[:, None]
+        x = tl.load(src + t[:, None] * s_t + feat[None, :], mask=ok & (group < 3)[None, :],
+                    other=0.0)
+        u = x.to(tl.float32) * reciprocal(scale)[:, None]
+        u = tl.clamp(tl.where(u != u, 0.0, u), -FP8_MAX, FP8_MAX)
+        side_ty: tl.constexpr = dst.dtype.element_ty
+        hi = u.to(side_ty)
+        lo = (u - hi.to(tl.float32)).to(side_ty)
+        HI_GROUP: tl.constexpr = 0 if Q_SIDE else 1
+        tl.store(dst + t[:, None] * dst_t + c[None, :], tl.where((group == HI_GROUP)[None, :], hi, lo),
+                 mask=ok)
+
+    @triton.jit
+    def _outlier_side_kernel(Q, K, QS, Scales, AMax, Sel, QSide, KSide, CuQ, CuK, sq_t, sq_h,
+                             sk_t, sk_h, vt_stride, heads, FP8_MAX: tl.constexpr,
+                             ROWS: tl.constexpr, CHUNK: tl.constexpr):
+        """Grid (spans of ROWS rows of the longest sequence, sequences, heads): the selection
+        of (sequence b, head h) from AMax[b, h] (`select_features`; span 0 stores it at
+        Sel[b, h]), then the side tiles of span c's q rows and k rows (`write_side`), CHUNK
+        rows at a time, with the scales quantize_qkv wrote: q's per row (QS [Tq, H]), k's per
+        128-key block (Scales[0], vt8's column layout)."""
+        c = tl.program_id(0)
+        b = tl.program_id(1)
+        h = tl.program_id(2)
+        q0 = tl.load(CuQ + b)
+        q1 = tl.load(CuQ + b + 1)
+        k0 = tl.load(CuK + b)
+        k1 = tl.load(CuK + b + 1)
+        if c * ROWS < tl.maximum(q1 - q0, k1 - k0):
+            sel = select_features(AMax + (b * heads + h) * 2 * (NOPE_C + ROPE_C), Q.dtype.element_ty)
+            if c == 0:
+                tl.store(Sel + (b * heads + h) * OUTLIERS_C + tl.arange(0, OUTLIERS_C), sel)
+            t = tl.arange(0, CHUNK)
+            for i in tl.range(0, ROWS // CHUNK):
+                r0 = q0 + c * ROWS + i * CHUNK
+                if r0 < q1:
+                    s = tl.load(QS + (r0 + t).to(tl.int64) * heads + h, mask=t < q1 - r0, other=1.0)
+                    write_side(Q + h.to(tl.int64) * sq_h + r0.to(tl.int64) * sq_t, sq_t, q1 - r0,
+                               sel, s, QSide + (r0.to(tl.int64) * heads + h) * SIDE_C,
+                               heads * SIDE_C, FP8_MAX, CHUNK, True)
+                r0 = k0 + c * ROWS + i * CHUNK
+                if r0 < k1:
+                    # the key's block and that block's first column in vt8 (vt_column)
+                    blk = (r0 + t - k0) // SCALE_BLOCK_C
+                    sidx = (k0 - k0 % 16 + 16 * b + blk * SCALE_BLOCK_C) // 16
+                    s = tl.load(Scales + h * (vt_stride // 16) + sidx, mask=t < k1 - r0, other=1.0)
+                    write_side(K + h.to(tl.int64) * sk_h + r0.to(tl.int64) * sk_t, sk_t, k1 - r0,
+                               sel, s, KSide + (r0.to(tl.int64) * heads + h) * SIDE_C,
+                               heads * SIDE_C, FP8_MAX, CHUNK, False)
 
     @triton.jit
     def _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv, n_rows, n_cols,
-                   sk_t, sv_t, heads, inv_k, inv_v, m_nn, m_rn, m_nr, m_rr, keep_n, keep_r,
+                   sk_t, sv_t, heads, inv_k, inv_v, m_nn, m_rn, m_nr, m_rr,
                    FP8_MAX: tl.constexpr, out_ty: tl.constexpr, SUB: tl.constexpr,
-                   ROTATE: tl.constexpr, OUTLIERS: tl.constexpr):
+                   ROTATE: tl.constexpr):
         """Sweep 2 of `_kv_block` over part p (rows p * SUB ... of the block): k8 rows and the
         transposed v tile (as `_v_part`). n_rows: the block's rows in the sequence; n_cols: vt8
         columns up to the next sequence's first."""
         ok = (t < n_rows - p * SUB)[:, None]
-        kn, kr = drop(*load_rows(src + p * SUB * sk_t, k_off, ok), keep_n, keep_r, OUTLIERS)
+        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
         if ROTATE:
             yn, yr = rotate_to_fp8(kn, kr, inv_k, m_nn, m_rn, m_nr, m_rr, FP8_MAX, out_ty)
         else:
@@ -582,7 +562,7 @@ if triton is not None:
     @triton.jit
     def _kv_block(
         j, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads,
-        m_nn, m_rn, m_nr, m_rr, Sel, KSide,
+        m_nn, m_rn, m_nr, m_rr, AMax,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
         PERMUTED: tl.constexpr, ROTATE: tl.constexpr, KRON: tl.constexpr,
         KRON_ROWS: tl.constexpr, HOISTED: tl.constexpr, OUTLIERS: tl.constexpr,
@@ -599,8 +579,8 @@ if triton is not None:
         halves of the block, the first for the amax (ROTATE: k's l1 bound), the second (from
         L2) to cast, so a program holds half the rows (fewer registers, more programs per SM).
 
-        OUTLIERS: k's selected features (`kept_features`) zeroed wherever its rows are loaded,
-        and the block's side tile written at KSide (`write_side`; not with KRON).
+        OUTLIERS (not with ROTATE): each feature's amax over the block's k rows merged into
+        AMax [B, H, 2, 192] at [b, h, 1] (`publish_amax`) for the selection.
         """
         k0 = tl.load(CuK + b)
         k1 = tl.load(CuK + b + 1)
@@ -630,7 +610,7 @@ if triton is not None:
                 vsrc = V + h.to(tl.int64) * sv_h + r0.to(tl.int64) * sv_t
                 dst = K8 + (r0.to(tl.int64) * heads + h) * (NOPE_C + ROPE_C)
                 vrow = VT8 + (h * DV_C).to(tl.int64) * vt_stride + col0
-                sel, keep_n, keep_r = kept_features(Sel, b, h, heads, OUTLIERS)
+                amax_k = AMax + ((b * heads + h) * 2 + 1) * (NOPE_C + ROPE_C)
                 # values stay in the input dtype until the cast: the amax is exact there (a
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
@@ -648,7 +628,8 @@ if triton is not None:
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                         s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
                     else:
-                        kn, kr = drop(*load_rows(src, k_off, ok), keep_n, keep_r, OUTLIERS)
+                        kn, kr = load_rows(src, k_off, ok)
+                        publish_amax(kn, kr, amax_k, OUTLIERS)
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                         yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, o_nn, o_rn, o_nr,
                                                 o_rr)
@@ -664,7 +645,8 @@ if triton is not None:
                     # the parts' loads), merged row by row, then one reduction per tile
                     # (ROTATE: each row's l1 sum, merged by max over the parts' rows)
                     ok = (t < k1 - r0)[:, None]
-                    kn, kr = drop(*load_rows(src, k_off, ok), keep_n, keep_r, OUTLIERS)
+                    kn, kr = load_rows(src, k_off, ok)
+                    publish_amax(kn, kr, amax_k, OUTLIERS)
                     if ROTATE:
                         m_kb = tl.reduce(l1_bits(kn, kr), 0, _imax)
                         m_kn, m_kr = 0, 0
@@ -676,8 +658,8 @@ if triton is not None:
                     m_v = tl.reduce(abs_bits(tl.load(vsrc + v_off, mask=ok_v, other=0.0)), 1, _imax)
                     for p in tl.static_range(1, PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
-                        kn, kr = drop(*load_rows(src + p * SUB * sk_t, k_off, ok), keep_n, keep_r,
-                                      OUTLIERS)
+                        kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
+                        publish_amax(kn, kr, amax_k, OUTLIERS)
                         if ROTATE:
                             m_kb = tl.maximum(m_kb, tl.reduce(l1_bits(kn, kr), 0, _imax))
                         else:
@@ -716,25 +698,18 @@ if triton is not None:
                         for p in tl.range(0, PARTS, num_stages=1):
                             _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
                                        k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
-                                       o_nn, o_rn, o_nr, o_rr, keep_n, keep_r, FP8_MAX, out_ty, SUB,
-                                       ROTATE, OUTLIERS)
+                                       o_nn, o_rn, o_nr, o_rr, FP8_MAX, out_ty, SUB, ROTATE)
                     else:
                         for p in tl.static_range(PARTS):
                             _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv,
                                        k1 - r0, next_start - col0, sk_t, sv_t, heads, inv_k, inv_v,
-                                       o_nn, o_rn, o_nr, o_rr, keep_n, keep_r, FP8_MAX, out_ty, SUB,
-                                       ROTATE, OUTLIERS)
+                                       o_nn, o_rn, o_nr, o_rr, FP8_MAX, out_ty, SUB, ROTATE)
                 if last:
                     # the gap can reach 16 columns past the block (it is < 32 columns long)
                     tail = SCALE_BLOCK_C + tl.arange(0, 16)
                     zeros = tl.zeros([DV_C, 16], dtype=tl.float32).to(out_ty)
                     tl.store(vrow + c_v[:, None] * vt_stride + tail[None, :], zeros,
                              mask=(tail < next_start - col0)[None, :])
-                if OUTLIERS:
-                    if r0 < k1:
-                        write_side(src, sk_t, k1 - r0, sel, s_k,
-                                   KSide + (r0.to(tl.int64) * heads + h) * SIDE_C, heads * SIDE_C,
-                                   SCALE_BLOCK_C, False)
                 if r0 < k1:
                     sidx = col0 // 16
                     tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
@@ -742,13 +717,13 @@ if triton is not None:
 
     @triton.jit
     def _q_blocks(
-        j, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, Sel, QSide,
+        j, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, AMax,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, Q_BLOCKS: tl.constexpr,
         ROTATE: tl.constexpr, KRON: tl.constexpr, KRON_ROWS: tl.constexpr, OUTLIERS: tl.constexpr,
     ):
         """q blocks j * Q_BLOCKS ... of sequence b (64 rows each, from the sequence's
         start), heads g * HEADS_PER_PROGRAM ...: q8 and each row's block scale (OUTLIERS: the
-        selected features zeroed, the block's side tile at QSide, as `_kv_block`)."""
+        per-feature amax published at AMax[b, h, 0], as `_kv_block`)."""
         q0 = tl.load(CuQ + b)
         q1 = tl.load(CuQ + b + 1)
         first = q0 + j * (Q_BLOCKS * QBLOCK_C)
@@ -780,16 +755,12 @@ if triton is not None:
                                       reciprocal(s_q) * ROTATION_SCALE_C, m_nn, m_rn, m_nr,
                                       FP8_MAX, out_ty, QBLOCK_C, KRON_ROWS)
                         else:
-                            sel, keep_n, keep_r = kept_features(Sel, b, h, heads, OUTLIERS)
-                            qn, qr = drop(*load_rows(src, q_off, ok), keep_n, keep_r, OUTLIERS)
+                            qn, qr = load_rows(src, q_off, ok)
+                            publish_amax(qn, qr, AMax + (b * heads + h) * 2 * width, OUTLIERS)
                             yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
                                                     m_nr, m_rr)
                             store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok,
                                        yn, yr)
-                            if OUTLIERS:
-                                write_side(src, sq_t, q1 - r0, sel, s_q,
-                                           QSide + (r0.to(tl.int64) * heads + h) * SIDE_C,
-                                           heads * SIDE_C, QBLOCK_C, True)
                         # the block's scale at each of its rows (fp8.block_scales' layout)
                         tl.store(QS + (r0 + t).to(tl.int64) * heads + h,
                                  tl.full([QBLOCK_C], 0.0, tl.float32) + s_q, mask=ok_r)
@@ -798,7 +769,7 @@ if triton is not None:
     # the batch: not specialized, one variant per model
     @triton.jit(do_not_specialize=["ss_w", "n_kv"])
     def _quant_qkv_kernel(
-        Q, K, V, Q8, QS, K8, VT8, Scales, CuQ, CuK, Rot, Sel, QSide, KSide,
+        Q, K, V, Q8, QS, K8, VT8, Scales, CuQ, CuK, Rot, AMax,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, vt_stride, ss_w, heads, n_kv,
         FP8_MAX: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, PARTS: tl.constexpr,
         PERMUTED: tl.constexpr, ROTATE: tl.constexpr, Q_BLOCKS: tl.constexpr,
@@ -813,10 +784,9 @@ if triton is not None:
         ROTATE: q and k rotated by M (`Rot`, [192, 192] in the inputs' dtype) with the l1
         bound as their scale (core/fp8.py); Rot is not read otherwise. KRON (with ROTATE):
         the rotation through its Kronecker structure (`kron_to_fp8`), Rot `kron_operand`.
-        OUTLIERS (core/fp8.py's fp8_outliers, not with KRON): each (sequence, head)'s selected
-        features (Sel [B, H, 8], `select_outliers`) zeroed in q and k before the rule, their
-        values in the side tiles QSide [Tq, H, 32] and KSide [Tk, H, 32] (bf16; fp16 in the
-        interpreter).
+        OUTLIERS (core/fp8.py's fp8_outliers, not with ROTATE): q8, k8 and vt8 as without, and
+        each feature's amax over every program's q and k rows merged into AMax [B, H, 2, 192]
+        (int32 bits, zeroed by the caller) for `write_outlier_sides`.
         """
         j = tl.program_id(0)
         b = tl.program_id(1)
@@ -828,11 +798,11 @@ if triton is not None:
                     m_nn, m_rn, m_nr, m_rr = load_operands(Rot, KRON)
             for jj in tl.range(0, KV_BLOCKS, num_stages=1):
                 _kv_block(j * KV_BLOCKS + jj, b, g, K, V, K8, VT8, Scales, CuK, Rot, sk_t, sk_h,
-                          sv_t, sv_h, vt_stride, ss_w, heads, m_nn, m_rn, m_nr, m_rr, Sel, KSide,
+                          sv_t, sv_h, vt_stride, ss_w, heads, m_nn, m_rn, m_nr, m_rr, AMax,
                           FP8_MAX, HEADS_PER_PROGRAM, PARTS, PERMUTED, ROTATE, KRON, KRON_ROWS,
                           KV_BLOCKS > 1, OUTLIERS)
         else:
-            _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, Sel, QSide, FP8_MAX,
+            _q_blocks(j - n_kv, b, g, Q, Q8, QS, CuQ, Rot, sq_t, sq_h, heads, AMax, FP8_MAX,
                       HEADS_PER_PROGRAM, Q_BLOCKS, ROTATE, KRON, KRON_ROWS, OUTLIERS)
 
 def rotated_qkv_blocks(max_seqlen_q: int, max_seqlen_k: int, batch: int, heads: int,
@@ -993,15 +963,14 @@ def quantize_qkv(
     permuted: bool | None = None,
     kv_blocks: int | None = None,
     sms: int | None = None,
-    outliers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    outliers: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], q scales float32 [Tq, H], k8 [Tk, H, 192], vt8 [H * 128, T_pad],
     scales float32 [2, H, T_pad / 16]) in one launch (module doc for the layouts).
 
-    `outliers` = (sel int32 [B, H, 8] from `select_outliers`, q_side [Tq, H, 32], k_side
-    [Tk, H, 32], bf16 or fp16): core/fp8.py's fp8_outliers, the selected features kept out
-    of q8 and k8 and written, in their block's units, to the two side tiles (needs q; not
-    with the "kron" rotation).
+    `outliers` = amax, int32 [B, H, 2, 192] of zeros (`outlier_buffers`): core/fp8.py's
+    fp8_outliers, whose per-feature maxima of q and k this launch merges there for
+    `write_outlier_sides` (needs q; not with `rotate`); q8, k8 and vt8 are as without.
 
     q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128]: bf16/fp16, any token and head strides,
     contiguous features. q None (with cu_seqlens_q None): k and v only, q8 and q scales
@@ -1029,11 +998,11 @@ def quantize_qkv(
                          "rotation='dense' or 'kron' to the block rule's quantize_qkv")
     if outliers is not None:
         if q is None:
-            raise ValueError("outliers: found side tiles with q None, expected q (the selection "
+            raise ValueError("outliers: found a buffer with q None, expected q (the selection "
                              "reads q and k)")
-        if rotate and kron:
-            raise ValueError("rotation: found 'kron' with outliers, expected 'dense' (the "
-                             "Kronecker cast reloads the rows the selection zeroes)")
+        if rotate:
+            raise ValueError("rotate: found True with outliers, expected one of the two "
+                             "(core/fp8.py's rotation_applies)")
     total_k, heads = k.shape[0], k.shape[1]
     total_q = 0 if q is None else q.shape[0]
     t_pad = vt_padded_len(total_k, batch)
@@ -1049,10 +1018,7 @@ def quantize_qkv(
     limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
     # at least one block per sequence when there are keys: an empty one still writes its
     # zero columns
-    # fp8_outliers: one block a program (several hoist the rotation's operands, which with
-    # the outliers' masks spill on sm_90: tests/compile)
-    if (rotate and not kron and sms is not None and kv_blocks is None and q_blocks is None
-            and outliers is None):
+    if rotate and not kron and sms is not None and kv_blocks is None and q_blocks is None:
         kv_blocks, q_blocks = rotated_qkv_blocks(max_seqlen_q, max_seqlen_k, batch, heads, sms)
     if kv_blocks is None:
         kv_blocks = KV_BLOCKS
@@ -1070,11 +1036,11 @@ def quantize_qkv(
     rot = rotation_operand(k.device, k.dtype, rotation) if rotate else k
     qa = q if q is not None and total_q else k  # not read when there are no q programs
     grid = (n_kv + n_q, batch, heads // hpp)
-    sel, q_side, k_side = outliers if outliers is not None else (scales, scales, scales)
+    amax = outliers if outliers is not None else scales  # not read without
     _quant_qkv_kernel[grid](
         qa, k, v, q8 if q8 is not None else k8, qs if qs is not None else scales, k8, vt8, scales,
         cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens_k, cu_seqlens_k, rot,
-        sel, q_side, k_side,
+        amax,
         qa.stride(0), qa.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), t_pad,
         scales.stride(0), heads, n_kv,
         FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
@@ -1086,45 +1052,41 @@ def quantize_qkv(
     return q8, qs, k8, vt8, scales
 
 
-def select_outliers(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                    cu_seqlens_k: torch.Tensor, batch: int, max_seqlen_q: int,
-                    max_seqlen_k: int, *, span: int | None = None,
-                    select_warps: int | None = None) -> torch.Tensor:
-    """int32 [B, H, 8]: core/fp8.py's `outlier_features` of each (sequence, head), in two
-    launches (per-feature amax bits over `span`-row spans, OUTLIER_CHUNK rows at a time, then
-    the selection at `select_warps`; None: OUTLIER_SPAN, OUTLIER_SELECT_WARPS, read at the
-    call); the spans' scratch is allocated here (the Triton provider does not replay such
-    calls). The result does not depend on the knobs."""
-    span = OUTLIER_SPAN if span is None else span
-    select_warps = OUTLIER_SELECT_WARPS if select_warps is None else select_warps
-    if span < OUTLIER_CHUNK or span % OUTLIER_CHUNK:
-        raise ValueError(f"span: found {span}, expected a multiple of {OUTLIER_CHUNK}")
+def outlier_buffers(q: torch.Tensor, k: torch.Tensor, batch: int, side_dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp8_outliers' scratch, allocated per call (the Triton provider does not replay such
+    calls): (amax int32 [B, H, 2, 192] zeroed, `quantize_qkv`'s `outliers`; sel int32
+    [B, H, 8]; q_side [Tq, H, 32]; k_side [Tk, H, 32] in `side_dtype`, the fp8 storage
+    dtype), the last three for `write_outlier_sides`."""
     heads = k.shape[1]
+    amax = torch.zeros(batch, heads, 2, ROTATION_DIM, dtype=torch.int32, device=k.device)
     sel = torch.empty(batch, heads, OUTLIER_FEATURES, dtype=torch.int32, device=k.device)
-    if batch == 0:
-        return sel
-    chunks = triton.cdiv(max(max_seqlen_q, max_seqlen_k), span)
-    amax = torch.empty(max(chunks, 1), batch, heads, 2, ROTATION_DIM, dtype=torch.int16,
-                       device=k.device)
-    if chunks:
-        _outlier_amax_kernel[(chunks, batch, heads)](
-            q, k, amax, cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), k.stride(0),
-            k.stride(1), heads, CHUNK=OUTLIER_CHUNK, SPAN=span, num_warps=4)
-    _outlier_select_kernel[(batch, heads)](q, amax, sel, cu_seqlens_q, cu_seqlens_k, heads,
-                                           SPAN=span, num_warps=select_warps)
-    return sel
+    q_side = torch.zeros(q.shape[0], heads, OUTLIER_WIDTH, dtype=side_dtype, device=q.device)
+    k_side = torch.zeros(k.shape[0], heads, OUTLIER_WIDTH, dtype=side_dtype, device=k.device)
+    return amax, sel, q_side, k_side
 
 
-def outlier_buffers(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                    cu_seqlens_k: torch.Tensor, batch: int, max_seqlen_q: int, max_seqlen_k: int,
-                    side_dtype: torch.dtype = torch.bfloat16
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`quantize_qkv`'s `outliers` argument: the selection and the two side tiles to fill
-    (`side_dtype` bf16; fp16 under the interpreter, which has no bf16)."""
-    sel = select_outliers(q, k, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k)
-    q_side = torch.empty(q.shape[0], q.shape[1], OUTLIER_WIDTH, dtype=side_dtype, device=q.device)
-    k_side = torch.empty(k.shape[0], k.shape[1], OUTLIER_WIDTH, dtype=side_dtype, device=k.device)
-    return sel, q_side, k_side
+def write_outlier_sides(q: torch.Tensor, k: torch.Tensor, q_scales: torch.Tensor,
+                        scales: torch.Tensor, buffers: tuple[torch.Tensor, ...],
+                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, batch: int,
+                        max_seqlen_q: int, max_seqlen_k: int, fp8_max: float, *,
+                        rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_side, k_side) of `outlier_buffers` filled after `quantize_qkv(..., outliers=amax)`
+    (its q scales [Tq, H] and scales [2, H, T_pad / 16]): each (sequence, head)'s selection
+    (stored at sel) and its features' corrections (core/fp8.py's side_cast), one launch of
+    `rows`-row spans (OUTLIER_ROWS; the result does not depend on it). Rows past the last
+    sequence stay zero."""
+    amax, sel, q_side, k_side = buffers
+    rows = OUTLIER_ROWS if rows is None else rows
+    if rows < OUTLIER_CHUNK or rows % OUTLIER_CHUNK:
+        raise ValueError(f"rows: found {rows}, expected a multiple of {OUTLIER_CHUNK}")
+    spans = triton.cdiv(max(max_seqlen_q, max_seqlen_k), rows)
+    if batch and spans:
+        _outlier_side_kernel[(spans, batch, k.shape[1])](
+            q, k, q_scales, scales, amax, sel, q_side, k_side, cu_seqlens_q, cu_seqlens_k,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), vt_padded_len(k.shape[0], batch),
+            k.shape[1], FP8_MAX=fp8_max, ROWS=rows, CHUNK=OUTLIER_CHUNK, num_warps=OUTLIER_WARPS)
+    return q_side, k_side
 
 
 def quantize_kv(
