@@ -418,20 +418,28 @@ if triton is not None:
         tl.store(dst + NOPE_C + off + tl.arange(0, ROPE_C)[None, :], yr, mask=ok)
 
     @triton.jit
-    def publish_amax(xn, xr, AMax, OUTLIERS: tl.constexpr):
-        """fp8_outliers: each feature's largest `abs_bits` over the rows (nope [rows, 128],
-        rope [rows, 64]; masked rows loaded as zeros) merged into AMax [192] (int32, an atomic
-        max: NaN's bits above inf's, so NaN propagates) for the selection."""
+    def publish_rows(src, s_t, n_rows, AMax, ROWS: tl.constexpr, OUTLIERS: tl.constexpr):
+        """fp8_outliers: each feature's largest `abs_bits` over rows [0, ROWS) of one head at
+        src (token stride s_t; those below n_rows) merged into AMax [192] (int32, an atomic
+        max: NaN's bits above inf's, so NaN propagates) for the selection. The rows are read
+        again (from L1/L2, after the cast) 16 at a time: the column maxima of the held
+        [rows, 192] tiles took the kernel from 64 registers to 110 (1 CTA per SM; sm_90)."""
         if OUTLIERS:
-            tl.atomic_max(AMax + tl.arange(0, NOPE_C), tl.reduce(abs_bits(xn), 0, _imax).to(tl.int32),
-                          sem="relaxed")
-            tl.atomic_max(AMax + NOPE_C + tl.arange(0, ROPE_C),
-                          tl.reduce(abs_bits(xr), 0, _imax).to(tl.int32), sem="relaxed")
+            t = tl.arange(0, 16)
+            m_n = tl.zeros([NOPE_C], dtype=tl.int16)
+            m_r = tl.zeros([ROPE_C], dtype=tl.int16)
+            for i in tl.range(0, ROWS // 16, num_stages=1):
+                ok = (t < n_rows - i * 16)[:, None]
+                xn, xr = load_rows(src + (i * 16) * s_t, t[:, None] * s_t, ok)
+                m_n = tl.maximum(m_n, tl.reduce(abs_bits(xn), 0, _imax))
+                m_r = tl.maximum(m_r, tl.reduce(abs_bits(xr), 0, _imax))
+            tl.atomic_max(AMax + tl.arange(0, NOPE_C), m_n.to(tl.int32), sem="relaxed")
+            tl.atomic_max(AMax + NOPE_C + tl.arange(0, ROPE_C), m_r.to(tl.int32), sem="relaxed")
 
     @triton.jit
     def select_features(AMax, in_ty: tl.constexpr):
         """core/fp8.py's `outlier_features` of one (sequence, head) from its maxima AMax
-        [2, 192] (q's, then k's; `publish_amax`): score_f = amax|q_f| * amax|k_f| in float32
+        [2, 192] (q's, then k's; `publish_rows`): score_f = amax|q_f| * amax|k_f| in float32
         (NaN -> +inf), the 8 largest taken one at a time (ties to the lower feature): (sel
         [8] int32 in ascending feature order, f [256], chosen [256])."""
         f = tl.arange(0, 256)
@@ -580,7 +588,7 @@ if triton is not None:
         L2) to cast, so a program holds half the rows (fewer registers, more programs per SM).
 
         OUTLIERS (not with ROTATE): each feature's amax over the block's k rows merged into
-        AMax [B, H, 2, 192] at [b, h, 1] (`publish_amax`) for the selection.
+        AMax [B, H, 2, 192] at [b, h, 1] (`publish_rows`) for the selection.
         """
         k0 = tl.load(CuK + b)
         k1 = tl.load(CuK + b + 1)
@@ -611,6 +619,7 @@ if triton is not None:
                 dst = K8 + (r0.to(tl.int64) * heads + h) * (NOPE_C + ROPE_C)
                 vrow = VT8 + (h * DV_C).to(tl.int64) * vt_stride + col0
                 amax_k = AMax + ((b * heads + h) * 2 + 1) * (NOPE_C + ROPE_C)
+                publish_rows(src, sk_t, k1 - r0, amax_k, SCALE_BLOCK_C, OUTLIERS)
                 # values stay in the input dtype until the cast: the amax is exact there (a
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
@@ -629,7 +638,6 @@ if triton is not None:
                         s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
                     else:
                         kn, kr = load_rows(src, k_off, ok)
-                        publish_amax(kn, kr, amax_k, OUTLIERS)
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                         yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, o_nn, o_rn, o_nr,
                                                 o_rr)
@@ -646,7 +654,6 @@ if triton is not None:
                     # (ROTATE: each row's l1 sum, merged by max over the parts' rows)
                     ok = (t < k1 - r0)[:, None]
                     kn, kr = load_rows(src, k_off, ok)
-                    publish_amax(kn, kr, amax_k, OUTLIERS)
                     if ROTATE:
                         m_kb = tl.reduce(l1_bits(kn, kr), 0, _imax)
                         m_kn, m_kr = 0, 0
@@ -659,7 +666,6 @@ if triton is not None:
                     for p in tl.static_range(1, PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
                         kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
-                        publish_amax(kn, kr, amax_k, OUTLIERS)
                         if ROTATE:
                             m_kb = tl.maximum(m_kb, tl.reduce(l1_bits(kn, kr), 0, _imax))
                         else:
@@ -756,11 +762,12 @@ if triton is not None:
                                       FP8_MAX, out_ty, QBLOCK_C, KRON_ROWS)
                         else:
                             qn, qr = load_rows(src, q_off, ok)
-                            publish_amax(qn, qr, AMax + (b * heads + h) * 2 * width, OUTLIERS)
                             yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
                                                     m_nr, m_rr)
                             store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok,
                                        yn, yr)
+                            publish_rows(src, sq_t, q1 - r0, AMax + (b * heads + h) * 2 * width,
+                                         QBLOCK_C, OUTLIERS)
                         # the block's scale at each of its rows (fp8.block_scales' layout)
                         tl.store(QS + (r0 + t).to(tl.int64) * heads + h,
                                  tl.full([QBLOCK_C], 0.0, tl.float32) + s_q, mask=ok_r)
@@ -1047,6 +1054,9 @@ def quantize_qkv(
         PERMUTED=permuted_v(k.device) if permuted is None else permuted, ROTATE=bool(rotate),
         Q_BLOCKS=q_blocks, KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, KV_BLOCKS=kv_blocks,
         OUTLIERS=outliers is not None,
+        # fp8_outliers' maxima (publish_rows) took ptxas to 82 registers, 1 CTA per SM; capped
+        # at the plain kernel's 64: no spill (sm_90, tests/compile), 2 CTAs
+        **({"maxnreg": 64} if outliers is not None and not on_rocm(k.device) else {}),
         num_warps=quant_warps(k.device, rotate, rotation) if num_warps is None else num_warps,
     )
     return q8, qs, k8, vt8, scales
