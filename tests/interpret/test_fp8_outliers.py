@@ -243,7 +243,9 @@ def _triton_quantize(q, k, v, cq, ck, rows=None):
     from mla_plugins.core.kernels import triton_quant as tq
 
     batch, mq, mk = len(cq) - 1, max(cq.diff().tolist()), max(ck.diff().tolist())
-    bufs = tq.outlier_buffers(q, k, batch, torch.float16)
+    bufs = tq.outlier_buffers(q, k, batch, torch.float16, (int(cq[-1]), int(ck[-1])))
+    for side in bufs[2:]:
+        side.fill_(7.0)  # poison: write_outlier_sides writes every row of every sequence
     q8, qs, k8, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, mq, mk, torch.float16, 448.0,
                                             outliers=bufs[0])
     q_side, k_side = tq.write_outlier_sides(q, k, qs, scales, bufs, cq, ck, batch, mq, mk, 448.0,

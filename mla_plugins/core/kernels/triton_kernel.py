@@ -778,7 +778,8 @@ def quantize(inputs: PrefillInputs, plan: PrefillPlan, out: tuple[torch.Tensor, 
 
     storage = _storage_dtype(inputs.fp8_dtype)
     limit = float(torch.finfo(inputs.fp8_dtype).max)
-    buffers = (tq.outlier_buffers(inputs.q, inputs.k, plan.batch_size, storage)
+    cq, ck = plan.cu_seqlens_host
+    buffers = (tq.outlier_buffers(inputs.q, inputs.k, plan.batch_size, storage, (cq[-1], ck[-1]))
                if inputs.fp8_outliers else None)
     quantized = tq.quantize_qkv(
         inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,

@@ -1062,18 +1062,26 @@ def quantize_qkv(
     return q8, qs, k8, vt8, scales
 
 
-def outlier_buffers(q: torch.Tensor, k: torch.Tensor, batch: int, side_dtype: torch.dtype
+def outlier_buffers(q: torch.Tensor, k: torch.Tensor, batch: int, side_dtype: torch.dtype,
+                    used: tuple[int, int] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """fp8_outliers' scratch, allocated per call (the Triton provider does not replay such
     calls): (amax int32 [B, H, 2, 192] zeroed, `quantize_qkv`'s `outliers`; sel int32
     [B, H, 8]; q_side [Tq, H, 32]; k_side [Tk, H, 32] in `side_dtype`, the fp8 storage
-    dtype), the last three for `write_outlier_sides`."""
+    dtype), the last three for `write_outlier_sides`, which writes every row of every
+    sequence. `used` = (cu_seqlens_q[-1], cu_seqlens_k[-1]) from the host: only the side
+    tiles' rows past them are zeroed here (no memset of what the launch writes); None:
+    all of them."""
     heads = k.shape[1]
     amax = torch.zeros(batch, heads, 2, ROTATION_DIM, dtype=torch.int32, device=k.device)
     sel = torch.empty(batch, heads, OUTLIER_FEATURES, dtype=torch.int32, device=k.device)
-    q_side = torch.zeros(q.shape[0], heads, OUTLIER_WIDTH, dtype=side_dtype, device=q.device)
-    k_side = torch.zeros(k.shape[0], heads, OUTLIER_WIDTH, dtype=side_dtype, device=k.device)
-    return amax, sel, q_side, k_side
+    sides = []
+    for x, n in zip((q, k), used or (0, 0), strict=True):
+        side = torch.empty(x.shape[0], heads, OUTLIER_WIDTH, dtype=side_dtype, device=x.device)
+        if n < x.shape[0]:
+            side[n:].zero_()
+        sides.append(side)
+    return amax, sel, sides[0], sides[1]
 
 
 def write_outlier_sides(q: torch.Tensor, k: torch.Tensor, q_scales: torch.Tensor,
