@@ -96,6 +96,8 @@
 #                                         # (outlier_cost.py), the accuracy section
 #   bash benchmarks/device_run.sh dev46   # fp8_outliers' second rule (fp8 corrections): its GPU
 #                                         # tests, its cost, the accuracy section (then dev36b)
+#   bash benchmarks/device_run.sh dev46b  # the same after its fix, each launch timed first
+#                                         # (outlier_parts.py)
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -104,7 +106,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev46, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev46, dev46b, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -753,6 +755,26 @@ PY
         tail -13 "$out/outlier-cost.log"
         timeout 110 python3 benchmarks/accuracy.py > "$out/accuracy.log" 2>&1 || status=1
         tail -9 "$out/accuracy.log"
+        ;;
+    dev46b)
+        # for stop 46, after dev46 found NaN bytes in the side tiles' zero group: the side
+        # tiles against the rule and each launch's time (outlier_parts.py; nothing else runs
+        # if the check fails), the GPU tests, the cost and the accuracy section
+        if timeout 100 python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
+                > "$out/outlier-parts.log" 2>&1; then
+            tail -13 "$out/outlier-parts.log"
+            timeout -s INT -k 10 100 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
+                -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
+            tail -6 "$out/gpu-tests-outliers.log"
+            timeout 240 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
+                > "$out/outlier-cost.log" 2>&1 || status=1
+            tail -12 "$out/outlier-cost.log"
+            timeout 100 python3 benchmarks/accuracy.py > "$out/accuracy.log" 2>&1 || status=1
+            tail -9 "$out/accuracy.log"
+        else
+            status=1
+            tail -30 "$out/outlier-parts.log"
+        fi
         ;;
     dev45)
         # for stop 45: the two tests stop 44's GPU suite failed in its fixture (the persistent
