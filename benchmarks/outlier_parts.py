@@ -9,7 +9,8 @@ First a check (a small batch): the side tiles of `write_outlier_sides` against c
 benchmarks/prefill.py (bf16 inputs with features 7 and 128-131 of q and k x10), GPU time of
 CUDA-graph replays (serving._graph_ms, per call):
 - "quant": `quantize_qkv` as by default; "quant_maxima": the same publishing the per-feature
-  maxima (`outliers=`, its int32 buffer zeroed in the same graph);
+  maxima (`outliers=`, its int32 buffer zeroed in the same graph), "reload" (the rows read
+  again after the cast), "quant_maxima_held": from the held tiles;
 - "sides": `write_outlier_sides` (the selection and the side tiles);
 - "attn": phase 1 on the quantized tensors (`run_prefill(quantized=...)`, the Gluon kernel
   where `batch_config` takes the batch), "attn_sides": the same with the side product
@@ -85,9 +86,10 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
     bufs = tq.outlier_buffers(q, k, batch, f8, (sum(lq), sum(lk)))
     row = {"shape": name}
 
-    def quant_maxima():
+    def quant_maxima(maxima="reload"):
         bufs[0].zero_()
-        tq.quantize_qkv(q, k, v, cq, ck, batch, mq, mk, f8, limit, out=quantized, outliers=bufs[0])
+        tq.quantize_qkv(q, k, v, cq, ck, batch, mq, mk, f8, limit, out=quantized, outliers=bufs[0],
+                        maxima=maxima)
 
     quant_maxima()
     sides = tq.write_outlier_sides(q, k, quantized[1], quantized[4], bufs, cq, ck, batch, mq, mk,
@@ -112,7 +114,7 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
         return fn
 
     fns = {"quant": lambda: tq.quantize_qkv(q, k, v, cq, ck, batch, mq, mk, f8, limit, out=quantized),
-           "quant_maxima": quant_maxima,
+           "quant_maxima": quant_maxima, "quant_maxima_held": lambda: quant_maxima("held"),
            "sides": lambda: tq.write_outlier_sides(q, k, quantized[1], quantized[4], bufs, cq, ck,
                                                    batch, mq, mk, limit),
            "attn": attn(False), "attn_sides": attn(True), "attn_portable_sides": attn(True, True)}
@@ -137,7 +139,7 @@ def main() -> None:
     wanted = set(args.shapes.split(",")) if args.shapes else None
     rows = [measure_shape(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
             if wanted is None or n in wanted]
-    keys = ("quant", "quant_maxima", "sides", "attn", "attn_sides", "attn_portable_sides")
+    keys = ("quant", "quant_maxima", "quant_maxima_held", "sides", "attn", "attn_sides", "attn_portable_sides")
     print(f"\n{'shape':>26} " + " ".join(f"{k[:12]:>12}" for k in keys) + "   (µs, GPU time)")
     for r in rows:
         print(f"{r['shape']:>26} " + " ".join(f"{r.get(k + '_us', float('nan')):>12.1f}" for k in keys))

@@ -237,7 +237,7 @@ def test_plans_follow_the_setting(monkeypatch):
 # -- the Triton kernels, through the interpreter ---------------------------------------------
 
 
-def _triton_quantize(q, k, v, cq, ck, rows=None):
+def _triton_quantize(q, k, v, cq, ck, rows=None, maxima=None):
     """quantize_qkv with the outliers' maxima, then write_outlier_sides (fp16 storage, the
     interpreter's stand-in for fp8): (q8, q scales, k8, scales, sel, q_side, k_side)."""
     from mla_plugins.core.kernels import triton_quant as tq
@@ -247,18 +247,19 @@ def _triton_quantize(q, k, v, cq, ck, rows=None):
     for side in bufs[2:]:
         side.fill_(7.0)  # poison: write_outlier_sides writes every row of every sequence
     q8, qs, k8, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, mq, mk, torch.float16, 448.0,
-                                            outliers=bufs[0])
+                                            outliers=bufs[0], maxima=maxima)
     q_side, k_side = tq.write_outlier_sides(q, k, qs, scales, bufs, cq, ck, batch, mq, mk, 448.0,
                                             rows=rows)
     return q8, qs, k8, scales, bufs[1], q_side, k_side
 
 
 @needs_interp
-@pytest.mark.parametrize("rows", [None, 64], ids=["default", "rows64"])
-def test_triton_selection_follows_the_rule(rows):
-    """The maxima quantize_qkv publishes and the selection of write_outlier_sides give the
-    rule's features, whatever rows a side program covers (triton_quant's knob); NaN, inf
-    and inf * 0 as the rule counts them."""
+@pytest.mark.parametrize("rows,maxima", [(None, None), (64, "held"), (None, "reload")],
+                         ids=["default", "rows64-held", "reload"])
+def test_triton_selection_follows_the_rule(rows, maxima):
+    """The maxima quantize_qkv publishes (either way) and the selection of
+    write_outlier_sides give the rule's features, whatever rows a side program covers
+    (triton_quant's knobs); NaN, inf and inf * 0 as the rule counts them."""
     q, k, v, cq, ck = _outlier_batch(torch.float16)
     cqh, ckh = cq.tolist(), ck.tolist()
     q[cqh[2] + 3, 1, 40] = float("nan")
@@ -266,9 +267,13 @@ def test_triton_selection_follows_the_rule(rows):
     k[ckh[0]:ckh[1], 2, 99] = 0.0
     q[cqh[0] + 2, 2, 99] = float("inf")  # inf * 0: NaN, +inf
     want = fp8.outlier_features(q, k, cqh, ckh)
-    sel = _triton_quantize(q, k, v, cq, ck, rows)[4]
+    sel = _triton_quantize(q, k, v, cq, ck, rows, maxima)[4]
     assert torch.equal(sel.long(), want)
     from mla_plugins.core.kernels import triton_quant as tq
+
+    with pytest.raises(ValueError, match="maxima: found 'both'"):
+        tq.quantize_qkv(q, k, v, cq, ck, 4, 1, 1, torch.float16, 448.0,
+                        outliers=torch.zeros(4, 3, 2, 192, dtype=torch.int32), maxima="both")
 
     with pytest.raises(ValueError, match="rows: found 96"):
         tq.write_outlier_sides(q, k, None, None, (None,) * 4, cq, ck, 4, 1, 1, 448.0, rows=96)

@@ -152,6 +152,12 @@ KRON_ROWS_ALLOWED = (16, 32, 64)
 OUTLIER_ROWS = 256
 OUTLIER_CHUNK = 64
 OUTLIER_WARPS = 4
+#: how the quantization takes the per-feature maxima (`quantize_qkv`'s `maxima`): "reload",
+#: from the rows read again 16 at a time after the cast (`publish_rows`; 64 registers with
+#: ptxas capped there, 2 CTAs per SM on sm_90), or "held", from the tiles it casts
+#: (`publish_amax`: no second read, 110 registers, 1 CTA per SM)
+OUTLIER_MAXIMA_MODES = ("reload", "held")
+OUTLIER_MAXIMA = "reload"
 
 assert NOPE + ROPE == ROTATION_DIM
 
@@ -418,13 +424,25 @@ if triton is not None:
         tl.store(dst + NOPE_C + off + tl.arange(0, ROPE_C)[None, :], yr, mask=ok)
 
     @triton.jit
+    def publish_amax(xn, xr, AMax, OUTLIERS: tl.constexpr):
+        """OUTLIERS == 1 ("held" maxima): each feature's largest `abs_bits` over the held
+        rows (nope [rows, 128], rope [rows, 64]; masked rows loaded as zeros) merged into
+        AMax [192] (int32 atomic max; NaN's bits above inf's, so NaN propagates)."""
+        if OUTLIERS == 1:
+            tl.atomic_max(AMax + tl.arange(0, NOPE_C), tl.reduce(abs_bits(xn), 0, _imax).to(tl.int32),
+                          sem="relaxed")
+            tl.atomic_max(AMax + NOPE_C + tl.arange(0, ROPE_C),
+                          tl.reduce(abs_bits(xr), 0, _imax).to(tl.int32), sem="relaxed")
+
+    @triton.jit
     def publish_rows(src, s_t, n_rows, AMax, ROWS: tl.constexpr, OUTLIERS: tl.constexpr):
         """fp8_outliers: each feature's largest `abs_bits` over rows [0, ROWS) of one head at
         src (token stride s_t; those below n_rows) merged into AMax [192] (int32, an atomic
         max: NaN's bits above inf's, so NaN propagates) for the selection. The rows are read
         again (from L1/L2, after the cast) 16 at a time: the column maxima of the held
-        [rows, 192] tiles took the kernel from 64 registers to 110 (1 CTA per SM; sm_90)."""
-        if OUTLIERS:
+        [rows, 192] tiles took the kernel from 64 registers to 110 (1 CTA per SM; sm_90):
+        OUTLIERS == 2 ("reload" maxima)."""
+        if OUTLIERS == 2:
             t = tl.arange(0, 16)
             m_n = tl.zeros([NOPE_C], dtype=tl.int16)
             m_r = tl.zeros([ROPE_C], dtype=tl.int16)
@@ -622,7 +640,6 @@ if triton is not None:
                 dst = K8 + (r0.to(tl.int64) * heads + h) * (NOPE_C + ROPE_C)
                 vrow = VT8 + (h * DV_C).to(tl.int64) * vt_stride + col0
                 amax_k = AMax + ((b * heads + h) * 2 + 1) * (NOPE_C + ROPE_C)
-                publish_rows(src, sk_t, k1 - r0, amax_k, SCALE_BLOCK_C, OUTLIERS)
                 # values stay in the input dtype until the cast: the amax is exact there (a
                 # max of bf16/fp16 values is one of them) and they take half the registers
                 if PARTS == 1:
@@ -641,6 +658,7 @@ if triton is not None:
                         s_v = scale_from_amax(nan_aware_amax(x).to(tl.float32), FP8_MAX)
                     else:
                         kn, kr = load_rows(src, k_off, ok)
+                        publish_amax(kn, kr, amax_k, OUTLIERS)
                         x = tl.load(vsrc + v_off, mask=(tv < k1 - r0)[:, None], other=0.0)
                         yn, yr, s_k = qk_to_fp8(kn, kr, FP8_MAX, out_ty, ROTATE, o_nn, o_rn, o_nr,
                                                 o_rr)
@@ -657,6 +675,7 @@ if triton is not None:
                     # (ROTATE: each row's l1 sum, merged by max over the parts' rows)
                     ok = (t < k1 - r0)[:, None]
                     kn, kr = load_rows(src, k_off, ok)
+                    publish_amax(kn, kr, amax_k, OUTLIERS)
                     if ROTATE:
                         m_kb = tl.reduce(l1_bits(kn, kr), 0, _imax)
                         m_kn, m_kr = 0, 0
@@ -669,6 +688,7 @@ if triton is not None:
                     for p in tl.static_range(1, PARTS):
                         ok = (t < k1 - r0 - p * SUB)[:, None]
                         kn, kr = load_rows(src + p * SUB * sk_t, k_off, ok)
+                        publish_amax(kn, kr, amax_k, OUTLIERS)
                         if ROTATE:
                             m_kb = tl.maximum(m_kb, tl.reduce(l1_bits(kn, kr), 0, _imax))
                         else:
@@ -720,6 +740,8 @@ if triton is not None:
                     tl.store(vrow + c_v[:, None] * vt_stride + tail[None, :], zeros,
                              mask=(tail < next_start - col0)[None, :])
                 if r0 < k1:
+                    # after the cast: the rows again from L2, 16 at a time
+                    publish_rows(src, sk_t, k1 - r0, amax_k, SCALE_BLOCK_C, OUTLIERS)
                     sidx = col0 // 16
                     tl.store(Scales + h * (vt_stride // 16) + sidx, s_k)
                     tl.store(Scales + ss_w + h * (vt_stride // 16) + sidx, s_v)
@@ -765,6 +787,7 @@ if triton is not None:
                                       FP8_MAX, out_ty, QBLOCK_C, KRON_ROWS)
                         else:
                             qn, qr = load_rows(src, q_off, ok)
+                            publish_amax(qn, qr, AMax + (b * heads + h) * 2 * width, OUTLIERS)
                             yn, yr, s_q = qk_to_fp8(qn, qr, FP8_MAX, out_ty, ROTATE, m_nn, m_rn,
                                                     m_nr, m_rr)
                             store_rows(Q8 + (r0.to(tl.int64) * heads + h) * width, q8_off, ok,
@@ -794,9 +817,10 @@ if triton is not None:
         ROTATE: q and k rotated by M (`Rot`, [192, 192] in the inputs' dtype) with the l1
         bound as their scale (core/fp8.py); Rot is not read otherwise. KRON (with ROTATE):
         the rotation through its Kronecker structure (`kron_to_fp8`), Rot `kron_operand`.
-        OUTLIERS (core/fp8.py's fp8_outliers, not with ROTATE): q8, k8 and vt8 as without, and
-        each feature's amax over every program's q and k rows merged into AMax [B, H, 2, 192]
-        (int32 bits, zeroed by the caller) for `write_outlier_sides`.
+        OUTLIERS (core/fp8.py's fp8_outliers, not with ROTATE; 1 "held", 2 "reload", 0 off):
+        q8, k8 and vt8 as without, and each feature's amax over every program's q and k rows
+        merged into AMax [B, H, 2, 192] (int32 bits, zeroed by the caller) for
+        `write_outlier_sides`.
         """
         j = tl.program_id(0)
         b = tl.program_id(1)
@@ -974,6 +998,7 @@ def quantize_qkv(
     kv_blocks: int | None = None,
     sms: int | None = None,
     outliers: torch.Tensor | None = None,
+    maxima: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """(q8 [Tq, H, 192], q scales float32 [Tq, H], k8 [Tk, H, 192], vt8 [H * 128, T_pad],
     scales float32 [2, H, T_pad / 16]) in one launch (module doc for the layouts).
@@ -981,6 +1006,7 @@ def quantize_qkv(
     `outliers` = amax, int32 [B, H, 2, 192] of zeros (`outlier_buffers`): core/fp8.py's
     fp8_outliers, whose per-feature maxima of q and k this launch merges there for
     `write_outlier_sides` (needs q; not with `rotate`); q8, k8 and vt8 are as without.
+    `maxima` (OUTLIER_MAXIMA_MODES; None: OUTLIER_MAXIMA, read at the call) says how.
 
     q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128]: bf16/fp16, any token and head strides,
     contiguous features. q None (with cu_seqlens_q None): k and v only, q8 and q scales
@@ -1047,6 +1073,10 @@ def quantize_qkv(
     qa = q if q is not None and total_q else k  # not read when there are no q programs
     grid = (n_kv + n_q, batch, heads // hpp)
     amax = outliers if outliers is not None else scales  # not read without
+    maxima = OUTLIER_MAXIMA if maxima is None else maxima
+    if maxima not in OUTLIER_MAXIMA_MODES:
+        raise ValueError(f"maxima: found {maxima!r}, expected one of {OUTLIER_MAXIMA_MODES}")
+    mode = 0 if outliers is None else {"held": 1, "reload": 2}[maxima]
     _quant_qkv_kernel[grid](
         qa, k, v, q8 if q8 is not None else k8, qs if qs is not None else scales, k8, vt8, scales,
         cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens_k, cu_seqlens_k, rot,
@@ -1056,10 +1086,10 @@ def quantize_qkv(
         FP8_MAX=limit, HEADS_PER_PROGRAM=hpp, PARTS=parts,
         PERMUTED=permuted_v(k.device) if permuted is None else permuted, ROTATE=bool(rotate),
         Q_BLOCKS=q_blocks, KRON=bool(rotate) and kron, KRON_ROWS=kron_rows, KV_BLOCKS=kv_blocks,
-        OUTLIERS=outliers is not None,
-        # fp8_outliers' maxima (publish_rows) took ptxas to 82 registers, 1 CTA per SM; capped
-        # at the plain kernel's 64: no spill (sm_90, tests/compile), 2 CTAs
-        **({"maxnreg": 64} if outliers is not None and not on_rocm(k.device) else {}),
+        OUTLIERS=mode,
+        # "reload": publish_rows took ptxas to 82 registers, 1 CTA per SM; capped at the plain
+        # kernel's 64: no spill (sm_90, tests/compile), 2 CTAs
+        **({"maxnreg": 64} if mode == 2 and not on_rocm(k.device) else {}),
         num_warps=quant_warps(k.device, rotate, rotation) if num_warps is None else num_warps,
     )
     return q8, qs, k8, vt8, scales
