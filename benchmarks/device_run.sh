@@ -759,7 +759,7 @@ PY
     dev46b)
         # for stop 46, after dev46 found NaN bytes in the side tiles' zero group: the side
         # tiles against the rule and each launch's time (outlier_parts.py; nothing else runs
-        # if the check fails), the GPU tests, the cost and the accuracy section
+        # if the check fails), the GPU tests and the cost (the accuracy section: `dev46`)
         if timeout 100 python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
                 > "$out/outlier-parts.log" 2>&1; then
             tail -13 "$out/outlier-parts.log"
@@ -769,8 +769,6 @@ PY
             timeout 240 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
                 > "$out/outlier-cost.log" 2>&1 || status=1
             tail -12 "$out/outlier-cost.log"
-            timeout 100 python3 benchmarks/accuracy.py > "$out/accuracy.log" 2>&1 || status=1
-            tail -9 "$out/accuracy.log"
         else
             status=1
             tail -30 "$out/outlier-parts.log"
