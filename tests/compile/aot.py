@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -384,6 +385,9 @@ def _constexpr(spec: Spec, name: str):
     return spec.constexprs.get((names.index(name),)) if name in names else None
 
 
+_GLUON_COMPILE = threading.Lock()
+
+
 def compile_spec(spec: Spec) -> Result:
     if spec.gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as source
@@ -392,7 +396,11 @@ def compile_spec(spec: Spec) -> Result:
     src = source(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=spec.attrs)
     # TileConfig.lean_sync: the launch compiles the Gluon kernel within gluon_sync.lean_compile
     lean = spec.gluon and _constexpr(spec, "LEAN_SYNC")
-    with gs.lean_compile() if lean else contextlib.nullcontext():
+    # one Gluon compile at a time: lean_compile's hook is process-wide, so a kernel compiled
+    # in another thread meanwhile would be rewritten too, and cached so (__main__'s JOBS
+    # threads did that to a non-lean spec in stop 46)
+    with _GLUON_COMPILE if spec.gluon else contextlib.nullcontext(), \
+            gs.lean_compile() if lean else contextlib.nullcontext():
         k = triton.compile(src, target=TARGETS[spec.arch], options=spec.options)
     res = Result(spec, shared=int(getattr(k.metadata, "shared", 0) or 0))
     if "amdgcn" in k.asm:
