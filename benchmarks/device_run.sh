@@ -106,7 +106,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev46, dev46b, dev46c, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev46, dev46b, dev46c, dev46d, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -788,6 +788,23 @@ PY
                 --shapes B4-S4096-H16,B8-S2048-H128,B1-S1024-H16,chunked-q512-k8192-H16 \
                 > "$out/outlier-cost.log" 2>&1 || status=1
             tail -6 "$out/outlier-cost.log"
+        else
+            status=1
+            tail -30 "$out/outlier-parts.log"
+        fi
+        ;;
+    dev46d)
+        # dev46c in what device time stop 46 had left after refused starts (~6 minutes): the
+        # side tiles' check and each launch's time, the outlier GPU tests, the cost at two shapes
+        if timeout 100 python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
+                > "$out/outlier-parts.log" 2>&1; then
+            tail -13 "$out/outlier-parts.log"
+            timeout -s INT -k 5 90 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py \
+                -q -rfE -p no:cacheprovider > "$out/gpu-tests-outliers.log" 2>&1 || status=1
+            tail -6 "$out/gpu-tests-outliers.log"
+            timeout 80 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
+                --shapes B8-S2048-H128,B1-S1024-H16 > "$out/outlier-cost.log" 2>&1 || status=1
+            tail -4 "$out/outlier-cost.log"
         else
             status=1
             tail -30 "$out/outlier-parts.log"
