@@ -300,7 +300,7 @@ def head_quantize(x: torch.Tensor, cu_seqlens: Sequence[int], fp8_dtype: torch.d
 
 
 def outliers_apply(head_dim_qk: int, fp8_outliers: bool | None, fp8: bool = True) -> bool:
-    """Whether q's and k's outlier features are kept out of the cast: in fp8 only (`fp8`),
+    """Whether the fp8 rounding of q's and k's outlier features is corrected: in fp8 only (`fp8`),
     `fp8_outliers` (None: MLA_PLUGINS_FP8_OUTLIERS, default off). Another type than bool or
     None raises TypeError whatever the mode, and in fp8 a head narrower than
     OUTLIER_FEATURES + 1 features ValueError, naming the argument."""

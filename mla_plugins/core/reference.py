@@ -30,7 +30,7 @@ def reference_attention(
     everything runs in float64 as without it. `fp8_rotate`: q and k are rotated before the
     cast (the rotation leaves every logit unchanged; only the rounding differs);
     `fp8_per_sequence`: one scale per (sequence, head), the FA3 provider's rule;
-    `fp8_outliers`: each (sequence, head)'s outlier features kept out of the cast (core/fp8.py).
+    `fp8_outliers`: each (sequence, head)'s outlier features' fp8 rounding corrected (core/fp8.py).
     """
     # the input's width: under fp8_outliers the fake-quantized q and k are wider (side tiles)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

@@ -46,7 +46,7 @@ class PrefillInputs:
     #: fp8: q and k are rotated before the cast (core/fp8.py's rotation), resolved from the
     #: call's `fp8_rotate` and MLA_PLUGINS_FP8_ROTATE; False when fp8 is off
     fp8_rotate: bool = False
-    #: fp8: each (sequence, head)'s outlier features of q and k are kept out of the cast
+    #: fp8: each (sequence, head)'s outlier features of q and k have their fp8 rounding corrected
     #: (core/fp8.py), from the call's `fp8_outliers` and MLA_PLUGINS_FP8_OUTLIERS; False
     #: when fp8 is off
     fp8_outliers: bool = False
@@ -194,7 +194,7 @@ class Kernel:
     dtypes: ClassVar[frozenset[torch.dtype]] = frozenset({torch.bfloat16, torch.float16})
     supports_fp8: ClassVar[bool] = True
     supports_bf16_compute: ClassVar[bool] = True
-    #: fp8 with core/fp8.py's outlier features kept out of the cast (`fp8_outliers`)
+    #: fp8 with core/fp8.py's outlier features' rounding corrected (`fp8_outliers`)
     supports_fp8_outliers: ClassVar[bool] = False
     #: None = any value
     head_dims_qk: ClassVar[frozenset[int] | None] = None
@@ -233,8 +233,8 @@ class Kernel:
             if inputs.fp8 and not self.supports_fp8:
                 reasons.append("fp8=True not supported")
             if inputs.fp8 and getattr(inputs, "fp8_outliers", False) and not self.supports_fp8_outliers:
-                reasons.append("fp8_outliers=True not supported (this kernel casts every feature "
-                               "of q and k to fp8)")
+                reasons.append("fp8_outliers=True not supported (this kernel's API has no place "
+                               "for the outlier features' correction product)")
             if not inputs.fp8 and not self.supports_bf16_compute:
                 reasons.append("fp8=False not supported (this kernel computes in fp8 only)")
             if self.head_dims_qk is not None and inputs.head_dim_qk not in self.head_dims_qk:

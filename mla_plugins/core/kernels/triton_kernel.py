@@ -296,7 +296,7 @@ def run_prefill(
 
     `quantized` = (q8, q scales, k8, vt8, scales) from `triton_quant.quantize_qkv` (rotated
     as `inputs.fp8_rotate` says; with `inputs.fp8_outliers`, `sides` = (q_side, k_side) from
-    the same call) skips the quantization (benchmarks time the attention alone with it);
+    `triton_quant.write_outlier_sides` after it) skips the quantization (benchmarks time the attention alone with it);
     `config` overrides the default tile configuration. With `inputs.fp8_outliers` the Gluon
     kernel takes the side product only where GLUON_OUTLIERS is on and the configuration
     loads q by TMA; else it gives way to `default_config` (the portable kernel).
@@ -326,7 +326,7 @@ def run_prefill(
             quantized, sides = quantize(inputs, plan)
         if inputs.fp8_outliers and sides is None:
             raise ValueError("sides: found None with fp8_outliers, expected the (q_side, k_side) "
-                             "that quantize_qkv(..., outliers=...) filled")
+                             "that triton_quant.write_outlier_sides filled")
         q_src, q_scales, k8, vt8, scales = quantized
         k_src, v_src = k8, vt8
         kv_dtype = _tl_fp8(storage)
