@@ -97,7 +97,7 @@
 #   bash benchmarks/device_run.sh dev46   # fp8_outliers' second rule (fp8 corrections): its GPU
 #                                         # tests, its cost, the accuracy section (then dev36b)
 #   bash benchmarks/device_run.sh dev46b  # the same after its fix, each launch timed first
-#                                         # (outlier_parts.py)
+#                                         # (outlier_parts.py); dev46d: a shorter dev46b
 #   bash benchmarks/device_run.sh last    # kernel='auto' against FA3 (prefill.py --auto-only),
 #                                         # host_fa3.py, every GPU test, ncu of the rotated cast
 #
@@ -106,7 +106,7 @@
 # nvidia-cudnn-frontend 1.32 (the cuDNN peers). The vLLM sync-check test needs vLLM's own
 # gpu_sync_debug.py in .vllm_sync/ (carry it; README).
 set -uo pipefail
-stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev46, dev46b, dev46c, dev46d, final29, final29b, verify, profile, last or variants"}
+stage=${1:?"stage: check, bench, final, auto, host, rotation, amortized, kernel, gluon16, dev28, dev29, dev30, dev30b, final30, final30b, dev31, dev31b, dev32a, dev32b, dev33, dev33b, dev33c, dev34, dev34b, dev35, dev36, dev36b, dev36c, dev40, dev40a, dev41, dev42, dev42b, dev43, dev43b, dev43c, dev44, dev45, dev45o, dev46, dev46b, dev46d, final29, final29b, verify, profile, last or variants"}
 out=${OUT:-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -174,6 +174,25 @@ all_gpu_tests() {
 # FP8 forward, at shape $1: each bounded by $2 seconds, into ncu-<who>$3.txt, its lines matching
 # $4 shown; the remaining arguments are ncu's own (what to collect). PROFILE_ARGS=--bf16: the
 # 16-bit kernel and FA3's bf16 forward instead
+# fp8_outliers (stop 46): outlier_parts.py (the side tiles checked byte for byte, then each
+# launch timed; nothing else runs if the check fails), the outlier GPU tests, outlier_cost.py.
+# Arguments: the three timeouts (s), then the cost's shapes (comma-separated; "" for all)
+outliers_stage() {
+    if timeout "$1" python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
+            > "$out/outlier-parts.log" 2>&1; then
+        tail -13 "$out/outlier-parts.log"
+        timeout -s INT -k 10 "$2" python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
+            -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
+        tail -6 "$out/gpu-tests-outliers.log"
+        timeout "$3" python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
+            ${4:+--shapes "$4"} > "$out/outlier-cost.log" 2>&1 || status=1
+        tail -12 "$out/outlier-cost.log"
+    else
+        status=1
+        tail -30 "$out/outlier-parts.log"
+    fi
+}
+
 ncu_phase1() {
     local shape=$1 limit=$2 suffix=$3 pattern=$4 who name
     shift 4
@@ -758,57 +777,13 @@ PY
         ;;
     dev46b)
         # for stop 46, after dev46 found NaN bytes in the side tiles' zero group: the side
-        # tiles against the rule and each launch's time (outlier_parts.py; nothing else runs
-        # if the check fails), the GPU tests and the cost (the accuracy section: `dev46`)
-        if timeout 100 python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
-                > "$out/outlier-parts.log" 2>&1; then
-            tail -13 "$out/outlier-parts.log"
-            timeout -s INT -k 10 100 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
-                -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
-            tail -6 "$out/gpu-tests-outliers.log"
-            timeout 240 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
-                > "$out/outlier-cost.log" 2>&1 || status=1
-            tail -12 "$out/outlier-cost.log"
-        else
-            status=1
-            tail -30 "$out/outlier-parts.log"
-        fi
-        ;;
-    dev46c)
-        # dev46b within what device time stop 46 had left: the side tiles' check and each
-        # launch's time, the GPU tests, the cost at four shapes (two large, one small, one
-        # chunked)
-        if timeout 120 python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
-                > "$out/outlier-parts.log" 2>&1; then
-            tail -13 "$out/outlier-parts.log"
-            timeout -s INT -k 10 100 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
-                -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
-            tail -6 "$out/gpu-tests-outliers.log"
-            timeout 150 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
-                --shapes B4-S4096-H16,B8-S2048-H128,B1-S1024-H16,chunked-q512-k8192-H16 \
-                > "$out/outlier-cost.log" 2>&1 || status=1
-            tail -6 "$out/outlier-cost.log"
-        else
-            status=1
-            tail -30 "$out/outlier-parts.log"
-        fi
+        # tiles against the rule and each launch's time, the GPU tests and the cost at every
+        # shape (the accuracy section: `dev46`)
+        outliers_stage 100 100 240 ""
         ;;
     dev46d)
-        # dev46c in what device time stop 46 had left after refused starts (~6 minutes): the
-        # side tiles' check and each launch's time, the outlier GPU tests, the cost at two shapes
-        if timeout 100 python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
-                > "$out/outlier-parts.log" 2>&1; then
-            tail -13 "$out/outlier-parts.log"
-            timeout -s INT -k 5 90 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py \
-                -q -rfE -p no:cacheprovider > "$out/gpu-tests-outliers.log" 2>&1 || status=1
-            tail -6 "$out/gpu-tests-outliers.log"
-            timeout 80 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
-                --shapes B8-S2048-H128,B1-S1024-H16 > "$out/outlier-cost.log" 2>&1 || status=1
-            tail -4 "$out/outlier-cost.log"
-        else
-            status=1
-            tail -30 "$out/outlier-parts.log"
-        fi
+        # dev46b in ~6 minutes of device time: the cost at two shapes
+        outliers_stage 100 90 80 B8-S2048-H128,B1-S1024-H16
         ;;
     dev45)
         # for stop 45: the two tests stop 44's GPU suite failed in its fixture (the persistent

@@ -89,17 +89,25 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
     return row
 
 
-def main() -> None:
+def shape_rows(script: str, measure, before=None):
+    """(args, device, rows): the command line both outlier scripts take (--out, --shapes),
+    `before(device)` first if given (its result as `args.before`), then `measure(name, q
+    lens, k lens, heads, device)` per shape of benchmarks/prefill.py asked for."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--shapes", default=None, help="comma-separated names (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/outlier_cost.py needs a CUDA GPU")
+        sys.exit(f"benchmarks/{script} needs a CUDA GPU")
     device = torch.device("cuda")
+    args.before = before(device) if before is not None else None
     wanted = set(args.shapes.split(",")) if args.shapes else None
-    rows = [measure_shape(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
-            if wanted is None or n in wanted]
+    return args, device, [measure(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
+                          if wanted is None or n in wanted]
+
+
+def main() -> None:
+    args, device, rows = shape_rows("outlier_cost.py", measure_shape)
     print(f"\n{'shape':>26} {'plain ms':>9} {'portable':>9} {'outliers':>9} {'outl port':>9} "
           f"{'held':>9} {'rotated':>9} {'err plain':>9} {'err outl':>9} {'err rot':>9}")
     def cost(r, key):

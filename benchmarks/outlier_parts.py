@@ -20,7 +20,6 @@ CUDA-graph replays (serving._graph_ms, per call):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -30,7 +29,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from accuracy import FEATURES  # noqa: E402
-from prefill import SHAPES, make_batch  # noqa: E402
+from outlier_cost import shape_rows  # noqa: E402
+from prefill import make_batch  # noqa: E402
 from serving import _graph_ms  # noqa: E402
 
 CALLS = 10
@@ -38,22 +38,16 @@ CALLS = 10
 
 def check_sides(device) -> bool:
     from mla_plugins.core import fp8
-    from mla_plugins.core.kernels import triton_quant as tq
     from tests.core.helpers import random_batch
+    from tests.gpu.conftest import quantize_outliers, scale_outliers
 
     lens_q, lens_k = [300, 0, 520, 200], [700, 40, 520, 333]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 4, device=device)
-    q[..., FEATURES] *= 20
-    k[..., FEATURES] *= 20
+    scale_outliers(q, k, 20.0)
     f8 = torch.float8_e4m3fn
-    batch = len(lens_q)
-    bufs = tq.outlier_buffers(q, k, batch, f8)
-    _, qs, _, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, max(lens_q), max(lens_k), f8,
-                                          outliers=bufs[0])
-    sides = tq.write_outlier_sides(q, k, qs, scales, bufs, cq, ck, batch, max(lens_q),
-                                   max(lens_k), fp8.fp8_max(f8))
+    _, _, _, sel, sides = quantize_outliers(q, k, v, cq, ck, f8)
     feats = fp8.outlier_features(q.cpu(), k.cpu(), cq.tolist(), ck.tolist())
-    ok = torch.equal(bufs[1].long().cpu(), feats)
+    ok = torch.equal(sel.long().cpu(), feats)
     print(f"selection as the rule: {ok}")
     for x, side, cu, block, op in ((q, sides[0], cq.tolist(), fp8.Q_BLOCK, "q"),
                                    (k, sides[1], ck.tolist(), fp8.KV_BLOCK, "k")):
@@ -128,17 +122,8 @@ def measure_shape(name, lq, lk, heads, device) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--shapes", default=None, help="comma-separated names (default: all)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/outlier_parts.py needs a CUDA GPU")
-    device = torch.device("cuda")
-    ok = check_sides(device)
-    wanted = set(args.shapes.split(",")) if args.shapes else None
-    rows = [measure_shape(n, lq, lk, h, device) for n, lq, lk, h in SHAPES
-            if wanted is None or n in wanted]
+    args, device, rows = shape_rows("outlier_parts.py", measure_shape, check_sides)
+    ok = args.before
     keys = ("quant", "quant_maxima", "quant_maxima_held", "sides", "attn", "attn_sides", "attn_portable_sides")
     print(f"\n{'shape':>26} " + " ".join(f"{k[:12]:>12}" for k in keys) + "   (µs, GPU time)")
     for r in rows:

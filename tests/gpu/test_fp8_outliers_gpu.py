@@ -15,7 +15,7 @@ import torch
 import mla_plugins
 from mla_plugins.core import fp8
 from tests.core.helpers import FP8_TOL, LENGTH_CASES, poisoned, random_batch
-from tests.gpu.conftest import reference_on_device, rel_err, scale_outliers
+from tests.gpu.conftest import quantize_outliers, reference_on_device, rel_err, scale_outliers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from accuracy import recipe  # noqa: E402
@@ -56,20 +56,13 @@ def test_quantization_is_the_rule(device):
     """quantize_qkv(outliers=...) then write_outlier_sides: q8 and k8 (as bytes) and their
     scales as without the outliers, the selection and the side tiles equal to core/fp8.py's
     statement, in real fp8."""
-    from mla_plugins.core.kernels import triton_quant as tq
-
     lens_q, lens_k = [300, 0, 520, 200], [700, 40, 520, 333]
     q, k, v, cq, ck = random_batch(lens_q, lens_k, 4, device=device)
     scale_outliers(q, k, 20.0)
     k[ck[2].item() + 5, 1, 9] = float("nan")
-    batch = len(lens_q)
-    bufs = tq.outlier_buffers(q, k, batch, F8)
-    q8, qs, k8, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, max(lens_q), max(lens_k), F8,
-                                            outliers=bufs[0])
-    sides = tq.write_outlier_sides(q, k, qs, scales, bufs, cq, ck, batch, max(lens_q),
-                                   max(lens_k), fp8.fp8_max(F8))
+    q8, qs, k8, sel, sides = quantize_outliers(q, k, v, cq, ck, F8)
     feats = fp8.outlier_features(q.cpu(), k.cpu(), cq.tolist(), ck.tolist())
-    assert torch.equal(bufs[1].long().cpu(), feats)
+    assert torch.equal(sel.long().cpu(), feats)
     for x, x8, side, cu, block, op in ((q, q8, sides[0], cq.tolist(), fp8.Q_BLOCK, "q"),
                                        (k, k8, sides[1], ck.tolist(), fp8.KV_BLOCK, "k")):
         w8, ws, wside = fp8.split_quantize(x.cpu(), cu, feats, F8, block=block, operand=op)
