@@ -457,9 +457,9 @@ if triton is not None:
     @triton.jit
     def select_features(AMax, in_ty: tl.constexpr):
         """core/fp8.py's `outlier_features` of one (sequence, head) from its maxima AMax
-        [2, 192] (q's, then k's; `publish_rows`): score_f = amax|q_f| * amax|k_f| in float32
-        (NaN -> +inf), the 8 largest taken one at a time (ties to the lower feature): (sel
-        [8] int32 in ascending feature order, f [256], chosen [256])."""
+        [2, 192] (q's, then k's; `publish_rows` / `publish_amax`): score_f = amax|q_f| * amax|k_f| in float32
+        (NaN -> +inf), the 8 largest taken one at a time (ties to the lower feature): sel
+        [8] int32, in ascending feature order."""
         f = tl.arange(0, 256)
         real = f < NOPE_C + ROPE_C
         aq = tl.load(AMax + f, mask=real, other=0).to(tl.int16)
@@ -609,7 +609,8 @@ if triton is not None:
         L2) to cast, so a program holds half the rows (fewer registers, more programs per SM).
 
         OUTLIERS (not with ROTATE): each feature's amax over the block's k rows merged into
-        AMax [B, H, 2, 192] at [b, h, 1] (`publish_rows`) for the selection.
+        AMax [B, H, 2, 192] at [b, h, 1] for the selection (`publish_rows` after the cast, or
+        `publish_amax` from the held tiles: OUTLIER_MAXIMA).
         """
         k0 = tl.load(CuK + b)
         k1 = tl.load(CuK + b + 1)
