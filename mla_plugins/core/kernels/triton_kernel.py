@@ -250,10 +250,9 @@ def _plan_config(plan: PrefillPlan, device: torch.device, fp8: bool) -> TileConf
 
 
 def _tl_fp8(fp8_dtype: torch.dtype):
-    import triton.language as tl
+    from . import triton_quant as tq
 
-    return {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8,
-            torch.float16: tl.float16}[fp8_dtype]
+    return tq.tl_dtype_of(fp8_dtype)
 
 
 def _can_tma(device: torch.device) -> bool:

@@ -480,41 +480,56 @@ if triton is not None:
 
     @triton.jit
     def write_side(src, s_t, n_rows, sel, scale, dst, dst_t, FP8_MAX: tl.constexpr,
-                   ROWS: tl.constexpr, Q_SIDE: tl.constexpr):
+                   ROWS: tl.constexpr, Q_SIDE: tl.constexpr, SIDE_TY: tl.constexpr):
         """core/fp8.py's side_cast for rows [0, ROWS) of one head of q (Q_SIDE) or k (those
         below n_rows) at src (token stride s_t), each with its block's scale `scale` [ROWS]:
         u = the selected features `sel` times 1 / scale, NaN -> 0, clamped (the values the
-        cast rounds, bit for bit), h = fp8(u), l = fp8(u - h), stored at dst (row stride
-        dst_t) as [ROWS, 32]: q [h, l, l, 0], k [l, h, l, 0], 8 columns a group."""
-        t = tl.arange(0, ROWS)
-        c = tl.arange(0, SIDE_C)
-        group = c // OUTLIERS_C
-        feat = tl.sum(tl.where((c % OUTLIERS_C)[:, None] == tl.arange(0, OUTLIERS_C)[None, :],
-                               sel[None, :], 0), 1)
-        ok = (t < n_rows)[:, None]
-        x = tl.load(src + t[:, None] * s_t + feat[None, :], mask=ok & (group < 3)[None, :],
-                    other=0.0)
-        u = x.to(tl.float32) * reciprocal(scale)[:, None]
-        u = tl.clamp(tl.where(u != u, 0.0, u), -FP8_MAX, FP8_MAX)
-        side_ty: tl.constexpr = dst.dtype.element_ty
-        hi = u.to(side_ty).to(tl.float32)
-        lo = (u - hi).to(side_ty).to(tl.float32)
+        cast rounds, bit for bit), h = SIDE_TY(u), l = SIDE_TY(u - h): q [h, l, l, 0], k [l,
+        h, l, 0], 8 columns a group, a row's 32 values packed into int32 words stored at dst
+        (int32, row stride dst_t words).
+
+        Packed here, a word's values computed side by side in float32 and their bits shifted
+        together: every tile of the launch is 32-bit. The first form stored the [rows, 32]
+        fp8 tile itself, through a shared-memory layout conversion of 8-bit values, and on an
+        H100 (stop 46) its zero group came back with NaN bytes in some rows (the interpreter,
+        with fp16 tiles, wrote zeros)."""
+        BITS: tl.constexpr = SIDE_TY.primitive_bitwidth
+        PER_WORD: tl.constexpr = 32 // BITS
+        WORDS: tl.constexpr = SIDE_C // PER_WORD
+        UINT_TY: tl.constexpr = tl.uint8 if BITS == 8 else tl.uint16
         HI_GROUP: tl.constexpr = 0 if Q_SIDE else 1
-        # chosen in float32 and cast once (the values are exact in side_ty): a select between
-        # two fp8 tiles left NaN bytes in the zero group on an H100 (stop 46)
-        y = tl.where((group == HI_GROUP)[None, :], hi, lo)
-        y = tl.where((group < 3)[None, :], y, 0.0)
-        tl.store(dst + t[:, None] * dst_t + c[None, :], y.to(side_ty), mask=ok)
+        t = tl.arange(0, ROWS)
+        w = tl.arange(0, WORDS)
+        ok = (t < n_rows)[:, None]
+        inv = reciprocal(scale)[:, None]
+        word = tl.zeros([ROWS, WORDS], dtype=tl.int32)
+        for j in tl.static_range(PER_WORD):
+            c = w * PER_WORD + j  # the column of each word's j-th value
+            group = c // OUTLIERS_C
+            feat = tl.sum(tl.where((c % OUTLIERS_C)[:, None] == tl.arange(0, OUTLIERS_C)[None, :],
+                                   sel[None, :], 0), 1)
+            x = tl.load(src + t[:, None] * s_t + feat[None, :], mask=ok & (group < 3)[None, :],
+                        other=0.0)
+            u = x.to(tl.float32) * inv
+            u = tl.clamp(tl.where(u != u, 0.0, u), -FP8_MAX, FP8_MAX)
+            hi = u.to(SIDE_TY).to(tl.float32)
+            lo = (u - hi).to(SIDE_TY).to(tl.float32)
+            y = tl.where((group == HI_GROUP)[None, :], hi, lo)
+            y = tl.where((group < 3)[None, :], y, 0.0)
+            bits = y.to(SIDE_TY).to(UINT_TY, bitcast=True).to(tl.int32)
+            word = word | (bits << (j * BITS))
+        tl.store(dst + t[:, None] * dst_t + w[None, :], word, mask=ok)
 
     @triton.jit
     def _outlier_side_kernel(Q, K, QS, Scales, AMax, Sel, QSide, KSide, CuQ, CuK, sq_t, sq_h,
                              sk_t, sk_h, vt_stride, heads, FP8_MAX: tl.constexpr,
-                             ROWS: tl.constexpr, CHUNK: tl.constexpr):
+                             ROWS: tl.constexpr, CHUNK: tl.constexpr, SIDE_TY: tl.constexpr):
         """Grid (spans of ROWS rows of the longest sequence, sequences, heads): the selection
         of (sequence b, head h) from AMax[b, h] (`select_features`; span 0 stores it at
         Sel[b, h]), then the side tiles of span c's q rows and k rows (`write_side`), CHUNK
         rows at a time, with the scales quantize_qkv wrote: q's per row (QS [Tq, H]), k's per
-        128-key block (Scales[0], vt8's column layout)."""
+        128-key block (Scales[0], vt8's column layout). QSide, KSide: the side tiles as
+        int32 words ([T, H, 32] of SIDE_TY viewed as [T, H, 32 * bits / 32])."""
         c = tl.program_id(0)
         b = tl.program_id(1)
         h = tl.program_id(2)
@@ -527,13 +542,14 @@ if triton is not None:
             if c == 0:
                 tl.store(Sel + (b * heads + h) * OUTLIERS_C + tl.arange(0, OUTLIERS_C), sel)
             t = tl.arange(0, CHUNK)
+            WORDS: tl.constexpr = SIDE_C * SIDE_TY.primitive_bitwidth // 32
             for i in tl.range(0, ROWS // CHUNK, num_stages=1):
                 r0 = q0 + c * ROWS + i * CHUNK
                 if r0 < q1:
                     s = tl.load(QS + (r0 + t).to(tl.int64) * heads + h, mask=t < q1 - r0, other=1.0)
                     write_side(Q + h.to(tl.int64) * sq_h + r0.to(tl.int64) * sq_t, sq_t, q1 - r0,
-                               sel, s, QSide + (r0.to(tl.int64) * heads + h) * SIDE_C,
-                               heads * SIDE_C, FP8_MAX, CHUNK, True)
+                               sel, s, QSide + (r0.to(tl.int64) * heads + h) * WORDS,
+                               heads * WORDS, FP8_MAX, CHUNK, True, SIDE_TY)
                 r0 = k0 + c * ROWS + i * CHUNK
                 if r0 < k1:
                     # the key's block and that block's first column in vt8 (vt_column)
@@ -541,8 +557,8 @@ if triton is not None:
                     sidx = (k0 - k0 % 16 + 16 * b + blk * SCALE_BLOCK_C) // 16
                     s = tl.load(Scales + h * (vt_stride // 16) + sidx, mask=t < k1 - r0, other=1.0)
                     write_side(K + h.to(tl.int64) * sk_h + r0.to(tl.int64) * sk_t, sk_t, k1 - r0,
-                               sel, s, KSide + (r0.to(tl.int64) * heads + h) * SIDE_C,
-                               heads * SIDE_C, FP8_MAX, CHUNK, False)
+                               sel, s, KSide + (r0.to(tl.int64) * heads + h) * WORDS,
+                               heads * WORDS, FP8_MAX, CHUNK, False, SIDE_TY)
 
     @triton.jit
     def _cast_part(p, src, vsrc, dst, vrow, k_off, k8_off, v_off, vt_off, t, tv, n_rows, n_cols,
@@ -1096,6 +1112,12 @@ def quantize_qkv(
     return q8, qs, k8, vt8, scales
 
 
+def tl_dtype_of(dtype: torch.dtype):
+    """The Triton type of an fp8 storage dtype (or fp16, the interpreter's stand-in)."""
+    return {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8,
+            torch.float16: tl.float16}[dtype]
+
+
 def outlier_buffers(q: torch.Tensor, k: torch.Tensor, batch: int, side_dtype: torch.dtype,
                     used: tuple[int, int] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1134,10 +1156,12 @@ def write_outlier_sides(q: torch.Tensor, k: torch.Tensor, q_scales: torch.Tensor
         raise ValueError(f"rows: found {rows}, expected a multiple of {OUTLIER_CHUNK}")
     spans = triton.cdiv(max(max_seqlen_q, max_seqlen_k), rows)
     if batch and spans:
+        # the side tiles as int32 words (write_side packs them: no 8-bit tile in the launch)
         _outlier_side_kernel[(spans, batch, k.shape[1])](
-            q, k, q_scales, scales, amax, sel, q_side, k_side, cu_seqlens_q, cu_seqlens_k,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), vt_padded_len(k.shape[0], batch),
-            k.shape[1], FP8_MAX=fp8_max, ROWS=rows, CHUNK=OUTLIER_CHUNK, num_warps=OUTLIER_WARPS)
+            q, k, q_scales, scales, amax, sel, q_side.view(torch.int32), k_side.view(torch.int32),
+            cu_seqlens_q, cu_seqlens_k, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            vt_padded_len(k.shape[0], batch), k.shape[1], FP8_MAX=fp8_max, ROWS=rows,
+            CHUNK=OUTLIER_CHUNK, SIDE_TY=tl_dtype_of(q_side.dtype), num_warps=OUTLIER_WARPS)
     return q_side, k_side
 
 
