@@ -174,6 +174,17 @@ all_gpu_tests() {
 # FP8 forward, at shape $1: each bounded by $2 seconds, into ncu-<who>$3.txt, its lines matching
 # $4 shown; the remaining arguments are ncu's own (what to collect). PROFILE_ARGS=--bf16: the
 # 16-bit kernel and FA3's bf16 forward instead
+# fp8_outliers' GPU tests (with the isolation test's outliers mode), then outlier_cost.py.
+# Arguments: the two timeouts (s), then the cost's shapes (comma-separated; "" for all)
+outlier_tests_and_cost() {
+    timeout -s INT -k 10 "$1" python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
+        -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
+    tail -6 "$out/gpu-tests-outliers.log"
+    timeout "$2" python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
+        ${3:+--shapes "$3"} > "$out/outlier-cost.log" 2>&1 || status=1
+    tail -12 "$out/outlier-cost.log"
+}
+
 # fp8_outliers (stop 46): outlier_parts.py (the side tiles checked byte for byte, then each
 # launch timed; nothing else runs if the check fails), the outlier GPU tests, outlier_cost.py.
 # Arguments: the three timeouts (s), then the cost's shapes (comma-separated; "" for all)
@@ -181,12 +192,7 @@ outliers_stage() {
     if timeout "$1" python3 benchmarks/outlier_parts.py --out "$out/$(card_name)-outlier-parts.json" \
             > "$out/outlier-parts.log" 2>&1; then
         tail -13 "$out/outlier-parts.log"
-        timeout -s INT -k 10 "$2" python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
-            -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
-        tail -6 "$out/gpu-tests-outliers.log"
-        timeout "$3" python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
-            ${4:+--shapes "$4"} > "$out/outlier-cost.log" 2>&1 || status=1
-        tail -12 "$out/outlier-cost.log"
+        outlier_tests_and_cost "$2" "$3" "$4"
     else
         status=1
         tail -30 "$out/outlier-parts.log"
@@ -766,12 +772,7 @@ PY
         # corrected by fp8 hi/lo side tiles chained in the fp8 product; the maxima published
         # by the quantization): its GPU tests and the isolation test's outliers mode, its cost
         # (outlier_cost.py) and the accuracy section
-        timeout -s INT -k 10 110 python3 -m pytest tests/gpu/test_fp8_outliers_gpu.py tests/gpu/test_triton.py \
-            -q -rfE -p no:cacheprovider -k "outliers" > "$out/gpu-tests-outliers.log" 2>&1 || status=1
-        tail -6 "$out/gpu-tests-outliers.log"
-        timeout 280 python3 benchmarks/outlier_cost.py --out "$out/$(card_name)-outliers.json" \
-            > "$out/outlier-cost.log" 2>&1 || status=1
-        tail -13 "$out/outlier-cost.log"
+        outlier_tests_and_cost 110 280 ""
         timeout 110 python3 benchmarks/accuracy.py > "$out/accuracy.log" 2>&1 || status=1
         tail -9 "$out/accuracy.log"
         ;;

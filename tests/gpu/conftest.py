@@ -55,19 +55,14 @@ def scale_outliers(q, k, scale=10.0):
 
 
 def quantize_outliers(q, k, v, cq, ck, fp8_dtype=torch.float8_e4m3fn):
-    """The Triton provider's fp8_outliers quantization of a batch, launch by launch:
-    quantize_qkv publishing the maxima, then write_outlier_sides. (q8, q scales, k8, sel
-    [B, H, 8], (q_side, k_side))."""
-    from mla_plugins.core.fp8 import fp8_max
+    """The Triton provider's fp8_outliers quantization of a batch (triton_quant.
+    quantize_qkv_outliers, every side row zeroed first): (q8, q scales, k8, sel [B, H, 8],
+    (q_side, k_side))."""
     from mla_plugins.core.kernels import triton_quant as tq
 
-    batch, mq, mk = len(cq) - 1, max(cq.diff().tolist()), max(ck.diff().tolist())
-    bufs = tq.outlier_buffers(q, k, batch, fp8_dtype)
-    q8, qs, k8, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, mq, mk, fp8_dtype,
-                                            outliers=bufs[0])
-    sides = tq.write_outlier_sides(q, k, qs, scales, bufs, cq, ck, batch, mq, mk,
-                                   fp8_max(fp8_dtype))
-    return q8, qs, k8, bufs[1], sides
+    (q8, qs, k8, _, _), sel, sides = tq.quantize_qkv_outliers(
+        q, k, v, cq, ck, len(cq) - 1, max(cq.diff().tolist()), max(ck.diff().tolist()), fp8_dtype)
+    return q8, qs, k8, sel, sides
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -238,19 +238,18 @@ def test_plans_follow_the_setting(monkeypatch):
 
 
 def _triton_quantize(q, k, v, cq, ck, rows=None, maxima=None):
-    """quantize_qkv with the outliers' maxima, then write_outlier_sides (fp16 storage, the
-    interpreter's stand-in for fp8): (q8, q scales, k8, scales, sel, q_side, k_side)."""
+    """triton_quant.quantize_qkv_outliers (fp16 storage, the interpreter's stand-in for fp8),
+    its side tiles poisoned first: (q8, q scales, k8, scales, sel, q_side, k_side)."""
     from mla_plugins.core.kernels import triton_quant as tq
 
     batch, mq, mk = len(cq) - 1, max(cq.diff().tolist()), max(ck.diff().tolist())
     bufs = tq.outlier_buffers(q, k, batch, torch.float16, (int(cq[-1]), int(ck[-1])))
     for side in bufs[2:]:
         side.fill_(7.0)  # poison: write_outlier_sides writes every row of every sequence
-    q8, qs, k8, _, scales = tq.quantize_qkv(q, k, v, cq, ck, batch, mq, mk, torch.float16, 448.0,
-                                            outliers=bufs[0], maxima=maxima)
-    q_side, k_side = tq.write_outlier_sides(q, k, qs, scales, bufs, cq, ck, batch, mq, mk, 448.0,
-                                            rows=rows)
-    return q8, qs, k8, scales, bufs[1], q_side, k_side
+    (q8, qs, k8, _, scales), sel, (q_side, k_side) = tq.quantize_qkv_outliers(
+        q, k, v, cq, ck, batch, mq, mk, torch.float16, 448.0, buffers=bufs, maxima=maxima,
+        rows=rows)
+    return q8, qs, k8, scales, sel, q_side, k_side
 
 
 @needs_interp

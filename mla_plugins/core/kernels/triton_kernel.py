@@ -295,7 +295,8 @@ def run_prefill(
 
     `quantized` = (q8, q scales, k8, vt8, scales) from `triton_quant.quantize_qkv` (rotated
     as `inputs.fp8_rotate` says; with `inputs.fp8_outliers`, `sides` = (q_side, k_side) from
-    `triton_quant.write_outlier_sides` after it) skips the quantization (benchmarks time the attention alone with it);
+    `triton_quant.write_outlier_sides` after it) skips the quantization (benchmarks time
+    the attention alone with it);
     `config` overrides the default tile configuration. With `inputs.fp8_outliers` the Gluon
     kernel takes the side product only where GLUON_OUTLIERS is on and the configuration
     loads q by TMA; else it gives way to `default_config` (the portable kernel).
@@ -777,19 +778,13 @@ def quantize(inputs: PrefillInputs, plan: PrefillPlan, out: tuple[torch.Tensor, 
 
     storage = _storage_dtype(inputs.fp8_dtype)
     limit = float(torch.finfo(inputs.fp8_dtype).max)
+    args = (inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
+            plan.max_seqlen_q, plan.max_seqlen_k, storage, limit, out)
+    sms = default_num_workers(inputs.q.device)
+    if not inputs.fp8_outliers:
+        return tq.quantize_qkv(*args, rotate=inputs.fp8_rotate, sms=sms), None
     cq, ck = plan.cu_seqlens_host
-    buffers = (tq.outlier_buffers(inputs.q, inputs.k, plan.batch_size, storage, (cq[-1], ck[-1]))
-               if inputs.fp8_outliers else None)
-    quantized = tq.quantize_qkv(
-        inputs.q, inputs.k, inputs.v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
-        plan.max_seqlen_q, plan.max_seqlen_k, storage, limit, out=out, rotate=inputs.fp8_rotate,
-        sms=default_num_workers(inputs.q.device),
-        outliers=None if buffers is None else buffers[0])
-    if buffers is None:
-        return quantized, None
-    sides = tq.write_outlier_sides(inputs.q, inputs.k, quantized[1], quantized[4], buffers,
-                                   plan.cu_seqlens_q, plan.cu_seqlens_k, plan.batch_size,
-                                   plan.max_seqlen_q, plan.max_seqlen_k, limit)
+    quantized, _, sides = tq.quantize_qkv_outliers(*args, used=(cq[-1], ck[-1]), sms=sms)
     return quantized, sides
 
 

@@ -1165,6 +1165,26 @@ def write_outlier_sides(q: torch.Tensor, k: torch.Tensor, q_scales: torch.Tensor
     return q_side, k_side
 
 
+def quantize_qkv_outliers(q, k, v, cu_seqlens_q, cu_seqlens_k, batch: int, max_seqlen_q: int,
+                          max_seqlen_k: int, fp8_dtype: torch.dtype, fp8_max: float | None = None,
+                          out: tuple[torch.Tensor, ...] | None = None, *,
+                          buffers: tuple[torch.Tensor, ...] | None = None,
+                          used: tuple[int, int] | None = None, maxima: str | None = None,
+                          rows: int | None = None, sms: int | None = None):
+    """fp8_outliers' quantization, its two launches in order: (quantize_qkv's five tensors,
+    sel int32 [B, H, 8], (q_side, k_side)). `buffers`: `outlier_buffers`' four (else
+    allocated here, with `used`); `maxima` and `rows`: the two launches' knobs."""
+    limit = fp8_max if fp8_max is not None else float(torch.finfo(fp8_dtype).max)
+    if buffers is None:
+        buffers = outlier_buffers(q, k, batch, fp8_dtype, used)
+    quantized = quantize_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q,
+                             max_seqlen_k, fp8_dtype, limit, out, sms=sms, outliers=buffers[0],
+                             maxima=maxima)
+    sides = write_outlier_sides(q, k, quantized[1], quantized[4], buffers, cu_seqlens_q,
+                                cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, limit, rows=rows)
+    return quantized, buffers[1], sides
+
+
 def quantize_kv(
     k: torch.Tensor,
     v: torch.Tensor,
